@@ -1,0 +1,40 @@
+# scone_jax: every target creates or refreshes the virtual environment it needs.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_WORKERS ?= 2
+FAKE_DEVICES := XLA_FLAGS=--xla_force_host_platform_device_count=8
+
+.PHONY: venv demo test test-slow test-all bench lint clean
+
+venv:
+	@want=$$($(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "need Python >= 3.11"; print("%d.%d" % sys.version_info[:2])') \
+	  || { echo "error: PYTHON=$(PYTHON) is not a runnable Python >= 3.11" >&2; exit 1; }; \
+	have=$$($(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || true); \
+	if [ "$$want" != "$$have" ]; then \
+	  echo "creating $(VENV) with $(PYTHON) ($$want)"; rm -rf $(VENV); $(PYTHON) -m venv $(VENV) || exit 1; fi; \
+	if [ ! -f $(STAMP) ] || [ setup.cfg -nt $(STAMP) ] || [ pyproject.toml -nt $(STAMP) ]; then \
+	  echo "installing scone_jax and its dependencies into $(VENV)"; \
+	  $(PY) -m pip install -q --upgrade pip && \
+	  $(PY) -m pip install -q -e '.[test,dev,beam]' && touch $(STAMP) || exit 1; fi
+
+demo: venv
+	$(VENV)/bin/scone-jax demo --out demo_out
+
+test: venv
+	$(FAKE_DEVICES) $(PY) -m pytest -n $(PYTEST_WORKERS) -q
+
+test-slow: venv
+	$(FAKE_DEVICES) $(PY) -m pytest -n $(PYTEST_WORKERS) -q -m slow
+
+test-all: test test-slow
+
+bench: venv
+	$(PY) -m benchmarks.run_all --out BENCHMARKS.md
+
+lint: venv
+	$(VENV)/bin/ruff check scone_jax tests benchmarks experiments launch
+
+clean:
+	rm -rf $(VENV) demo_out bench_out .pytest_cache

@@ -1,0 +1,169 @@
+"""YAML presets + `key=value` overrides -> a validated `Config`.
+
+Strict: an unknown key, a value of the wrong type or an invalid value is a `UserError`
+naming the key and what was expected. YAML is read with `yaml.safe_load` only. A preset may
+name another preset in `base:` (a path relative to itself); its keys are applied first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from scone_jax.atomic import atomic_write_text
+from scone_jax.config.schema import Config
+from scone_jax.errors import UserError
+
+PRESET_DIR = Path(__file__).resolve().parents[2] / "experiments"
+
+
+def resolve_preset(name_or_path: str) -> Path:
+    """A config path, or the name of a shipped preset (`tiny` -> experiments/tiny.yaml)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    for candidate in (PRESET_DIR / name_or_path, PRESET_DIR / f"{name_or_path}.yaml"):
+        if candidate.is_file():
+            return candidate
+    raise UserError(f"config {name_or_path!r} not found (expected a YAML file or a preset name in {PRESET_DIR})")
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    path = path.resolve()
+    if path in seen:
+        raise UserError(f"config {path}: 'base' chain loops back to itself")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read config {path}: {e}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise UserError(f"config {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"config {path} must be a mapping at the top level, got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    merged = _read_yaml((path.parent / base), seen + (path,))
+    _deep_merge(merged, data)
+    return merged
+
+
+def _deep_merge(into: dict, new: dict) -> None:
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict) and key != "rules":
+            _deep_merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp, key: str) -> Any:
+    """Check `value` against the annotation `tp`; ints are accepted for floats, nothing else is converted."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arm in typing.get_args(tp):
+            if arm is type(None) and value is None:
+                return None
+            try:
+                return _coerce(value, arm, key)
+            except UserError:
+                continue
+        raise UserError(f"config key {key}={value!r} has the wrong type (expected {_type_name(tp)})")
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if isinstance(value, str | int | float) and not isinstance(value, bool) and item is str:
+            value = [str(value)] if not isinstance(value, str) else [value]
+        if not isinstance(value, list):
+            raise UserError(f"config key {key}={value!r} has the wrong type (expected a list)")
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        ktp, vtp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise UserError(f"config key {key}={value!r} has the wrong type (expected a mapping)")
+        return {_coerce(k, ktp, key): _coerce(v, vtp, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif tp is type(None):
+        if value is None:
+            return None
+    else:  # pragma: no cover - schema bug
+        raise TypeError(f"unsupported config annotation {tp!r} for {key}")
+    raise UserError(f"config key {key}={value!r} has the wrong type (expected {_type_name(tp)})")
+
+
+def _build(cls, data: dict[str, Any], prefix: str):
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if key not in names:
+            raise UserError(f"unknown config key {full!r} (expected one of: {', '.join(sorted(names))})")
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                raise UserError(f"config key {full}={value!r} has the wrong type (expected a mapping)")
+            kwargs[key] = _build(tp, value, f"{full}.")
+        else:
+            kwargs[key] = _coerce(value, tp, full)
+    return cls(**kwargs)
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """`["train.steps=10", "data.corpus=[a.txt, b.txt]"]` -> a nested dict; values parsed as YAML."""
+    nested: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"override {item!r} is not of the form key=value")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        parts = key.strip().split(".")
+        node = nested
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise UserError(f"override {item!r} conflicts with an earlier override of {part!r}")
+        node[parts[-1]] = value
+    return nested
+
+
+def load_config(preset: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a preset (optional), apply overrides, build the typed config and validate it."""
+    data: dict[str, Any] = _read_yaml(resolve_preset(str(preset))) if preset else {}
+    _deep_merge(data, parse_overrides(overrides or []))
+    config = _build(Config, data, "")
+    config.validate()
+    return config
+
+
+def to_dict(config: Config) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def save_config(config: Config, path: str | os.PathLike) -> None:
+    """Write the resolved config as YAML (atomically); `load_config(path)` reads it back."""
+    atomic_write_text(path, yaml.safe_dump(to_dict(config), sort_keys=False))

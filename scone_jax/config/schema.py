@@ -1,0 +1,215 @@
+"""The one config schema. Every field is typed; `validate()` checks values, not just types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scone_jax.errors import UserError
+
+FAMILIES = ("gpt2", "llama")
+DTYPES = ("float32", "bfloat16")
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise UserError(message)
+
+
+@dataclass
+class ModelConfig:
+    """Decoder-only backbone. `gpt2`: learned positions, GeLU, LayerNorm. `llama`: RoPE, SwiGLU, RMSNorm."""
+
+    family: str = "gpt2"
+    vocab_size: int = 0  # 0 = take it from the tokenizer
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 0  # 0 = n_heads (no grouped-query attention)
+    d_ff: int = 0  # 0 = 4 * d_model for gpt2, 8/3 * d_model rounded up to 64 for llama
+    max_seq_len: int = 1024
+    tie_embeddings: bool = True
+    dtype: str = "float32"  # compute dtype
+    param_dtype: str = "float32"
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+
+    def validate(self) -> None:
+        _check(self.family in FAMILIES, f"model.family={self.family!r} (expected one of {FAMILIES})")
+        _check(self.dtype in DTYPES, f"model.dtype={self.dtype!r} (expected one of {DTYPES})")
+        _check(self.param_dtype in DTYPES, f"model.param_dtype={self.param_dtype!r} (expected one of {DTYPES})")
+        for name in ("d_model", "n_layers", "n_heads", "max_seq_len"):
+            _check(getattr(self, name) > 0, f"model.{name}={getattr(self, name)} (expected > 0)")
+        _check(self.vocab_size >= 0, f"model.vocab_size={self.vocab_size} (expected >= 0; 0 = from tokenizer)")
+        _check(self.d_model % self.n_heads == 0,
+               f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
+        kv = self.kv_heads
+        _check(kv > 0 and self.n_heads % kv == 0,
+               f"model.n_kv_heads={self.n_kv_heads} (expected a divisor of n_heads={self.n_heads})")
+        if self.family == "llama":
+            _check(self.head_dim % 2 == 0, f"llama needs an even head dim, got {self.head_dim}")
+        _check(self.d_ff >= 0, f"model.d_ff={self.d_ff} (expected >= 0; 0 = family default)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def ffn_dim(self) -> int:
+        if self.d_ff:
+            return self.d_ff
+        if self.family == "llama":
+            return -(-(8 * self.d_model // 3) // 64) * 64
+        return 4 * self.d_model
+
+
+@dataclass
+class FgramConfig:
+    """SCONE f-gram settings (SCONE.md sections 2-4). `enabled: false` trains the baseline."""
+
+    enabled: bool = False
+    max_n: int = 5
+    num_fgrams: int = 100_000
+    min_count: int = 5
+    fgram_set: str = ""  # path to a built f-gram set; empty = build one in the run directory
+    model_size: str = "1x"
+    combine: str = "replace"
+
+    def validate(self) -> None:
+        _check(2 <= self.max_n <= 16, f"fgrams.max_n={self.max_n} (expected 2..16)")
+        _check(self.num_fgrams > 0, f"fgrams.num_fgrams={self.num_fgrams} (expected > 0)")
+        _check(self.min_count >= 1, f"fgrams.min_count={self.min_count} (expected >= 1)")
+        _check(self.combine in ("replace", "add"), f"fgrams.combine={self.combine!r} (expected 'replace' or 'add')")
+
+
+@dataclass
+class DataConfig:
+    """Where text comes from, how it is tokenized, and how it is cut into windows."""
+
+    corpus: list[str] = field(default_factory=list)  # files or globs; empty = embedded default corpus
+    doc_split: str = "file"  # file | blank_line  (for plain text files)
+    jsonl_field: str = "text"
+    tokenizer: str = ""  # an existing sentencepiece .model; empty = train one
+    tokenizer_vocab_size: int = 2048
+    tokenizer_type: str = "bpe"  # bpe | unigram
+    dataset: str = ""  # an existing tokenized dataset directory; empty = tokenize into the run dir
+    eval_fraction: float = 0.05  # fraction of documents held out for eval
+    eval_datasets: list[str] = field(default_factory=list)  # extra named held-out datasets
+    seq_len: int = 128
+    seed: int = 0
+    max_default_corpus_mb: float = 4.0
+
+    def validate(self) -> None:
+        _check(self.doc_split in ("file", "blank_line"),
+               f"data.doc_split={self.doc_split!r} (expected 'file' or 'blank_line')")
+        _check(self.tokenizer_type in ("bpe", "unigram"),
+               f"data.tokenizer_type={self.tokenizer_type!r} (expected 'bpe' or 'unigram')")
+        _check(self.tokenizer_vocab_size >= 64,
+               f"data.tokenizer_vocab_size={self.tokenizer_vocab_size} (expected >= 64)")
+        _check(0.0 <= self.eval_fraction < 1.0, f"data.eval_fraction={self.eval_fraction} (expected 0 <= f < 1)")
+        _check(self.seq_len >= 2, f"data.seq_len={self.seq_len} (expected >= 2)")
+        _check(self.max_default_corpus_mb > 0, f"data.max_default_corpus_mb={self.max_default_corpus_mb} (expected > 0)")
+
+
+@dataclass
+class MeshConfig:
+    """Device mesh sizes; exactly one axis may be -1 (= all remaining devices).
+
+    `rules` overrides entries of the logical-axis rules table (dist/rules.py), e.g.
+    `{mlp: null}` to stop sharding the MLP over `tensor`.
+    """
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+    rules: dict[str, str | list[str] | None] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        sizes = (self.data, self.fsdp, self.tensor)
+        _check(all(s == -1 or s >= 1 for s in sizes),
+               f"mesh sizes data={self.data} fsdp={self.fsdp} tensor={self.tensor} (expected >= 1 or -1)")
+        _check(sizes.count(-1) <= 1, f"mesh: at most one axis may be -1, got data={self.data} fsdp={self.fsdp} tensor={self.tensor}")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warmup and cosine decay to `min_lr_ratio * lr`, global-norm clipping."""
+
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 = no clipping
+
+    def validate(self) -> None:
+        _check(self.lr > 0, f"optim.lr={self.lr} (expected > 0)")
+        _check(self.warmup_steps >= 0, f"optim.warmup_steps={self.warmup_steps} (expected >= 0)")
+        _check(0 <= self.min_lr_ratio <= 1, f"optim.min_lr_ratio={self.min_lr_ratio} (expected 0..1)")
+        _check(self.weight_decay >= 0, f"optim.weight_decay={self.weight_decay} (expected >= 0)")
+        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, f"optim betas ({self.beta1}, {self.beta2}) (expected in [0, 1))")
+        _check(self.grad_clip >= 0, f"optim.grad_clip={self.grad_clip} (expected >= 0)")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 200
+    batch_size: int = 16  # global batch, in windows of data.seq_len tokens
+    seed: int = 0
+    eval_every: int = 50  # 0 = only at the end
+    eval_batches: int = 8
+    log_every: int = 10
+
+    def validate(self) -> None:
+        _check(self.steps > 0, f"train.steps={self.steps} (expected > 0)")
+        _check(self.batch_size > 0, f"train.batch_size={self.batch_size} (expected > 0)")
+        _check(self.eval_every >= 0, f"train.eval_every={self.eval_every} (expected >= 0)")
+        _check(self.eval_batches > 0, f"train.eval_batches={self.eval_batches} (expected > 0)")
+        _check(self.log_every > 0, f"train.log_every={self.log_every} (expected > 0)")
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 100  # save every N steps (and at the end, and on SIGTERM/SIGINT)
+    keep: int = 3
+    async_save: bool = True
+
+    def validate(self) -> None:
+        _check(self.every > 0, f"checkpoint.every={self.every} (expected > 0)")
+        _check(self.keep > 0, f"checkpoint.keep={self.keep} (expected > 0)")
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = True
+    progress: bool = True  # a progress bar on stderr (process 0 only)
+
+    def validate(self) -> None:
+        pass
+
+
+@dataclass
+class Config:
+    run_dir: str = "runs/default"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    fgrams: FgramConfig = field(default_factory=FgramConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def validate(self) -> None:
+        _check(bool(self.run_dir), "run_dir is empty (expected a directory path)")
+        for section in (self.model, self.fgrams, self.data, self.mesh, self.optim, self.train,
+                        self.checkpoint, self.logging):
+            section.validate()
+        _check(self.data.seq_len <= self.model.max_seq_len,
+               f"data.seq_len={self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}")

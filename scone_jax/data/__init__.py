@@ -1,0 +1,1 @@
+"""Corpora, sentencepiece tokenizers, tokenized datasets on disk, and the grain input pipeline."""
