@@ -25,6 +25,9 @@ def atomic_dir(final: str | os.PathLike, overwrite: bool = False) -> Iterator[Pa
         raise UserError(f"output directory {final} already exists (expected a new path; remove it first)")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; the result should look like a mkdir
     try:
         yield tmp
         if final.exists():

@@ -108,8 +108,8 @@ class DataConfig:
                f"data.doc_split={self.doc_split!r} (expected 'file' or 'blank_line')")
         _check(self.tokenizer_type in ("bpe", "unigram"),
                f"data.tokenizer_type={self.tokenizer_type!r} (expected 'bpe' or 'unigram')")
-        _check(self.tokenizer_vocab_size >= 64,
-               f"data.tokenizer_vocab_size={self.tokenizer_vocab_size} (expected >= 64)")
+        _check(self.tokenizer_vocab_size >= 260,  # 256 byte-fallback pieces + unk/bos/eos + 1
+               f"data.tokenizer_vocab_size={self.tokenizer_vocab_size} (expected >= 260)")
         _check(0.0 <= self.eval_fraction < 1.0, f"data.eval_fraction={self.eval_fraction} (expected 0 <= f < 1)")
         _check(self.seq_len >= 2, f"data.seq_len={self.seq_len} (expected >= 2)")
         _check(self.max_default_corpus_mb > 0, f"data.max_default_corpus_mb={self.max_default_corpus_mb} (expected > 0)")

@@ -1,0 +1,118 @@
+"""The grain input pipeline: documents -> packed windows -> shuffled per-host batches.
+
+A batch is a pure function of (seed, step): the windows of a split are shuffled by grain
+(a fresh permutation per epoch), and global batch k is samples [k*B, (k+1)*B). Process p
+of P reads only rows [p*B/P, (p+1)*B/P) of it. A resumed run therefore sees exactly the
+batches an uninterrupted run would have seen, with no iterator state to save.
+
+Windows pack the split's documents back to back (each document ends in EOS) and are cut
+every `seq_len` tokens; a window holds `seq_len + 1` tokens so inputs and targets are its
+two shifted views. `positions` are the windows' indices into the dataset's token array,
+which is what later stages (f-gram tags) key on.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grain
+import numpy as np
+
+from scone_jax.data.dataset import TokenizedDataset
+from scone_jax.errors import UserError
+
+
+def split_documents(num_docs: int, eval_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Hold out a seeded random `eval_fraction` of documents (at least one when > 0)."""
+    n_eval = int(round(num_docs * eval_fraction))
+    if eval_fraction > 0 and num_docs >= 2:
+        n_eval = min(max(n_eval, 1), num_docs - 1)
+    perm = np.random.default_rng(seed).permutation(num_docs)
+    return np.sort(perm[n_eval:]), np.sort(perm[:n_eval])
+
+
+class WindowSource:
+    """Random-access windows over a subset of a dataset's documents (a grain data source)."""
+
+    def __init__(self, dataset: TokenizedDataset, doc_ids: np.ndarray, seq_len: int):
+        self.dataset = dataset
+        self.seq_len = seq_len
+        starts = dataset.doc_offsets[:-1][doc_ids]
+        lengths = dataset.doc_lengths[doc_ids]
+        keep = lengths > 0
+        self._starts = starts[keep].astype(np.int64)
+        self._cum = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(np.int64)
+        total = int(self._cum[-1])
+        self._len = max(0, (total - 1) // seq_len)
+        self.num_tokens = total
+
+    def __len__(self) -> int:
+        return self._len
+
+    def positions(self, index: int) -> np.ndarray:
+        """Dataset token indices of window `index` ([seq_len + 1] int64)."""
+        flat = index * self.seq_len + np.arange(self.seq_len + 1, dtype=np.int64)
+        seg = np.searchsorted(self._cum, flat, side="right") - 1
+        return self._starts[seg] + (flat - self._cum[seg])
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        if not 0 <= index < self._len:
+            raise IndexError(index)
+        pos = self.positions(index)
+        return {"tokens": np.asarray(self.dataset.tokens[pos], dtype=np.int32), "positions": pos}
+
+
+def to_example(window: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    tokens = window["tokens"]
+    return {"inputs": tokens[:-1], "targets": tokens[1:], "positions": window["positions"][:-1]}
+
+
+@dataclass
+class BatchStream:
+    """Per-host batches of one split: `batch(step)` is this process's rows of global batch `step`."""
+
+    source: WindowSource
+    global_batch: int
+    seed: int
+    process_index: int = 0
+    process_count: int = 1
+    shuffle: bool = True
+
+    def __post_init__(self):
+        if self.global_batch % self.process_count:
+            raise UserError(f"train.batch_size={self.global_batch} is not divisible by the "
+                            f"{self.process_count} processes")
+        if len(self.source) == 0:
+            raise UserError(f"the split has {self.source.num_tokens} tokens, fewer than one window of "
+                            f"{self.source.seq_len + 1}; use a bigger corpus or a smaller data.seq_len")
+        self.local_batch = self.global_batch // self.process_count
+        ds = grain.MapDataset.source(self.source)
+        if self.shuffle:
+            ds = ds.shuffle(seed=self.seed)
+        self._per_host = ds.repeat().map(to_example).batch(self.local_batch, drop_remainder=True)
+
+    def batch(self, step: int) -> dict[str, np.ndarray]:
+        return self._per_host[step * self.process_count + self.process_index]
+
+    def iterate(self, start_step: int, prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:
+        """Batches from `start_step` on, prepared `prefetch` steps ahead on a background thread."""
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            pending = [pool.submit(self.batch, s) for s in range(start_step, start_step + prefetch)]
+            step = start_step + prefetch
+            while True:
+                yield pending.pop(0).result()
+                pending.append(pool.submit(self.batch, step))
+                step += 1
+
+
+def eval_batches(source: WindowSource, batch_size: int, max_batches: int, process_index: int = 0,
+                 process_count: int = 1) -> list[dict[str, np.ndarray]]:
+    """The first `max_batches` batches of a split in order (no shuffle): a fixed eval set."""
+    n = min(max_batches, len(source) // batch_size)
+    if n == 0:
+        raise UserError(f"held-out split has {len(source)} windows, fewer than one eval batch of {batch_size}")
+    stream = BatchStream(source, batch_size, seed=0, process_index=process_index,
+                         process_count=process_count, shuffle=False)
+    return [stream.batch(k) for k in range(n)]

@@ -1,0 +1,1 @@
+"""Metrics: FLOP counts and MFU, and writers (stdout, JSONL, tensorboard) from process 0."""

@@ -1,0 +1,152 @@
+"""Building blocks with logical axis names on every parameter (see dist/rules.py).
+
+Each parameter is an `nnx.Param` with `logical_axes` metadata; weights are stored in
+`param_dtype` and cast to the compute `dtype` at use (mixed precision).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from scone_jax.config.schema import ModelConfig
+from scone_jax.dist.rules import constrain
+
+
+def param(rngs: nnx.Rngs, shape, axes, std: float | None, dtype) -> nnx.Param:
+    """A normal(std) weight, or zeros when std is None, or ones when std == 'ones'."""
+    if std is None:
+        value = jnp.zeros(shape, dtype)
+    else:
+        value = (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+    return nnx.Param(value, logical_axes=tuple(axes))
+
+
+def ones(shape, axes, dtype) -> nnx.Param:
+    return nnx.Param(jnp.ones(shape, dtype), logical_axes=tuple(axes))
+
+
+class Norm(nnx.Module):
+    """LayerNorm (gpt2) or RMSNorm (llama); statistics in float32."""
+
+    def __init__(self, cfg: ModelConfig, dim: int, *, rngs: nnx.Rngs):
+        pdt = jnp.dtype(cfg.param_dtype)
+        self.rms = cfg.family == "llama"
+        self.eps = cfg.norm_eps
+        self.scale = ones((dim,), ("norm",), pdt)
+        self.bias = None if self.rms else param(rngs, (dim,), ("norm",), None, pdt)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        xf = x.astype(jnp.float32)
+        if self.rms:
+            y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+            y = y * self.scale[...].astype(jnp.float32)
+        else:
+            mean = jnp.mean(xf, axis=-1, keepdims=True)
+            var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
+            y = (xf - mean) * jax.lax.rsqrt(var + self.eps)
+            y = y * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)
+        return y.astype(x.dtype)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding on [B, T, H, D] at integer positions [B, T] (half-split layout)."""
+    half = x.shape[-1] // 2
+    freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions[..., None].astype(jnp.float32) * freqs  # [B, T, half]
+    sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Causal multi-head attention with optional grouped-query heads; softmax in float32."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        pdt = jnp.dtype(cfg.param_dtype)
+        d, h, kv, hd = cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
+        self.cfg = cfg
+        self.wq = param(rngs, (d, h, hd), ("embed", "heads", "head_dim"), cfg.init_std, pdt)
+        self.wk = param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), cfg.init_std, pdt)
+        self.wv = param(rngs, (d, kv, hd), ("embed", "kv_heads", "head_dim"), cfg.init_std, pdt)
+        self.wo = param(rngs, (h, hd, d), ("heads", "head_dim", "embed"), out_std, pdt)
+        self.use_bias = cfg.family == "gpt2"
+        if self.use_bias:
+            self.bq = param(rngs, (h, hd), ("heads", "head_dim"), None, pdt)
+            self.bk = param(rngs, (kv, hd), ("kv_heads", "head_dim"), None, pdt)
+            self.bv = param(rngs, (kv, hd), ("kv_heads", "head_dim"), None, pdt)
+            self.bo = param(rngs, (d,), ("embed",), None, pdt)
+
+    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+        cfg, dt = self.cfg, x.dtype
+        q = jnp.einsum("btd,dhk->bthk", x, self.wq[...].astype(dt))
+        k = jnp.einsum("btd,dhk->bthk", x, self.wk[...].astype(dt))
+        v = jnp.einsum("btd,dhk->bthk", x, self.wv[...].astype(dt))
+        if self.use_bias:
+            q, k, v = q + self.bq[...].astype(dt), k + self.bk[...].astype(dt), v + self.bv[...].astype(dt)
+        if cfg.family == "llama":
+            q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
+        q = constrain(q, ("batch", "seq", "heads", "head_dim"))
+        k = constrain(k, ("batch", "seq", "kv_heads", "head_dim"))
+        groups = cfg.n_heads // cfg.kv_heads
+        if groups > 1:
+            k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+        scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32) / math.sqrt(cfg.head_dim)
+        scores = jnp.where(mask[:, None, :, :], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        out = jnp.einsum("bhqs,bshk->bqhk", probs, v)
+        out = constrain(out, ("batch", "seq", "heads", "head_dim"))
+        y = jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt))
+        if self.use_bias:
+            y = y + self.bo[...].astype(dt)
+        return y
+
+
+class Mlp(nnx.Module):
+    """GeLU MLP (gpt2) or SwiGLU (llama)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        pdt = jnp.dtype(cfg.param_dtype)
+        d, f = cfg.d_model, cfg.ffn_dim
+        out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
+        self.gated = cfg.family == "llama"
+        self.w_in = param(rngs, (d, f), ("embed", "mlp"), cfg.init_std, pdt)
+        self.w_out = param(rngs, (f, d), ("mlp", "embed"), out_std, pdt)
+        if self.gated:
+            self.w_gate = param(rngs, (d, f), ("embed", "mlp"), cfg.init_std, pdt)
+        else:
+            self.b_in = param(rngs, (f,), ("mlp",), None, pdt)
+            self.b_out = param(rngs, (d,), ("embed",), None, pdt)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dt = x.dtype
+        h = x @ self.w_in[...].astype(dt)
+        if self.gated:
+            h = jax.nn.silu(x @ self.w_gate[...].astype(dt)) * h
+        else:
+            h = jax.nn.gelu(h + self.b_in[...].astype(dt), approximate=True)
+        h = constrain(h, ("batch", "seq", "mlp"))
+        y = h @ self.w_out[...].astype(dt)
+        if not self.gated:
+            y = y + self.b_out[...].astype(dt)
+        return y
+
+
+class Block(nnx.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.attn_norm = Norm(cfg, cfg.d_model, rngs=rngs)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.mlp_norm = Norm(cfg, cfg.d_model, rngs=rngs)
+        self.mlp = Mlp(cfg, rngs=rngs)
+
+    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+        x = x + self.attn(self.attn_norm(x), positions, mask)
+        x = constrain(x, ("batch", "seq", "embed"))
+        x = x + self.mlp(self.mlp_norm(x))
+        return constrain(x, ("batch", "seq", "embed"))

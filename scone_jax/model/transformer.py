@@ -1,0 +1,63 @@
+"""The decoder-only backbone: token embedding T, blocks, final norm, tied output head.
+
+Split into `embed` -> `hidden` -> `logits` so SCONE can change the input embeddings (replace
+or add f-gram embeddings) without a second code path through the blocks.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from scone_jax.config.schema import ModelConfig
+from scone_jax.dist.rules import constrain
+from scone_jax.model.layers import Block, Norm, param
+
+
+def causal_mask(length: int) -> jax.Array:
+    return jnp.tril(jnp.ones((length, length), dtype=bool))[None]
+
+
+class Transformer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, *, rngs: nnx.Rngs):
+        pdt = jnp.dtype(cfg.param_dtype)
+        self.cfg = cfg
+        self.vocab_size = vocab_size
+        self.dtype = jnp.dtype(cfg.dtype)
+        self.embed_table = param(rngs, (vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std, pdt)
+        if cfg.family == "gpt2":
+            self.pos_embed = param(rngs, (cfg.max_seq_len, cfg.d_model), ("positions", "embed"),
+                                   cfg.init_std, pdt)
+        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
+        self.final_norm = Norm(cfg, cfg.d_model, rngs=rngs)
+        if not cfg.tie_embeddings:
+            self.lm_head = param(rngs, (cfg.d_model, vocab_size), ("embed", "vocab"), cfg.init_std, pdt)
+
+    def embed(self, tokens: jax.Array) -> jax.Array:
+        """T(s_i): [B, T] int -> [B, T, d] in the compute dtype."""
+        x = jnp.take(self.embed_table[...], tokens, axis=0).astype(self.dtype)
+        return constrain(x, ("batch", "seq", "embed"))
+
+    def hidden(self, x: jax.Array, positions: jax.Array | None = None) -> jax.Array:
+        """Input embeddings [B, T, d] -> final normed hidden states [B, T, d]."""
+        length = x.shape[1]
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(length), x.shape[:2])
+        if self.cfg.family == "gpt2":
+            x = x + jnp.take(self.pos_embed[...], positions, axis=0).astype(self.dtype)
+        mask = causal_mask(length)
+        for block in self.blocks:
+            x = block(x, positions, mask)
+        return self.final_norm(x)
+
+    def logits(self, h: jax.Array) -> jax.Array:
+        """Hidden states -> float32 logits over the vocabulary (tied head by default)."""
+        if self.cfg.tie_embeddings:
+            out = jnp.einsum("btd,vd->btv", h, self.embed_table[...].astype(h.dtype))
+        else:
+            out = h @ self.lm_head[...].astype(h.dtype)
+        return constrain(out.astype(jnp.float32), ("batch", "seq", "vocab"))
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        return self.logits(self.hidden(self.embed(tokens)))

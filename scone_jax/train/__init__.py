@@ -1,0 +1,1 @@
+"""Training: optimizer, sharded state, the pure jitted step, checkpoints, and the loop."""

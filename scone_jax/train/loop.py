@@ -1,0 +1,150 @@
+"""The training loop: resume, step, log, evaluate, checkpoint, stop cleanly on a signal.
+
+Order inside one iteration: run the jitted step, fetch its metrics, refuse a non-finite loss
+(before anything is saved), write metrics, then let the checkpointer save on its interval.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from scone_jax.config import Config
+from scone_jax.errors import UserError
+from scone_jax.metrics.flops import peak_flops
+from scone_jax.metrics.writers import MetricsWriter
+from scone_jax.train.checkpoint import Checkpointer
+from scone_jax.train.run_dir import open_run_dir
+from scone_jax.train.session import evaluate, open_session
+
+
+class TrainingDiverged(UserError):
+    pass
+
+
+@contextmanager
+def stop_on_signals(signals=(signal.SIGTERM, signal.SIGINT)):
+    """Turn SIGTERM/SIGINT into a flag checked between steps, so the loop can save first."""
+    received: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _frame: received.append(signum)) for s in signals}
+    try:
+        yield received
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def train(cfg: Config) -> dict:
+    """Train (or resume) the run described by `cfg`; returns a summary dict."""
+    is_main = jax.process_index() == 0
+    run_dir = open_run_dir(cfg, write=is_main)
+    session = open_session(cfg, run_dir)
+    total = cfg.train.steps
+    ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep, cfg.checkpoint.async_save)
+    writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard, print_fn=tqdm.write)
+    setup = session.setup
+    latest = ckpt.latest_step()
+    if latest is None:
+        state, start = setup.create(), 0
+    else:
+        state = ckpt.restore(setup.abstract_state, setup.shardings, latest)
+        start = int(jax.device_get(state["step"]))
+    writer.truncate_after(start)
+    summary = {"run_dir": str(run_dir), "start_step": start, "steps": total,
+               "params": session.flops.params_total, "params_non_embedding": session.flops.params_non_embedding}
+    if is_main:
+        print(f"run {run_dir}: {session.flops.params_total:,} parameters "
+              f"({session.flops.params_non_embedding:,} non-embedding), mesh {dict(session.mesh.shape)}, "
+              f"{session.dataset.num_tokens:,} tokens, "
+              + (f"resuming at step {start}" if start else "starting from scratch"), flush=True)
+    if start >= total:
+        ckpt.close()
+        writer.close()
+        summary["status"] = "already complete"
+        return summary
+
+    train_step, eval_step = session.train_step(), session.eval_step()
+    tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
+    flops_per_step = session.flops.train_per_token * tokens_per_step
+    peak = peak_flops()
+    bar = tqdm(total=total, initial=start, desc="train", unit="step", file=sys.stderr,
+               disable=not (cfg.logging.progress and is_main), dynamic_ncols=True)
+    batches = session.train_stream.iterate(start)
+    step, stopped_by = start, None
+    window_start, window_steps = time.perf_counter(), 0
+    try:
+        with stop_on_signals() as received:
+            while step < total:
+                state, metrics = train_step(state, session.to_global(next(batches)))
+                metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                step += 1
+                window_steps += 1
+                if step == start + 1:  # the first step includes compilation: keep it out of timings
+                    window_start, window_steps = time.perf_counter(), 0
+                if not math.isfinite(metrics["loss"]):
+                    raise TrainingDiverged(
+                        f"loss is {metrics['loss']} at step {step} (lr={metrics['lr']:.3g}, "
+                        f"grad_norm={metrics['grad_norm']:.3g}); last checkpoint: step {ckpt.latest_step()}")
+                log_now = step % cfg.train.log_every == 0 or step == total
+                if log_now and window_steps:
+                    elapsed = time.perf_counter() - window_start
+                    step_time = elapsed / window_steps
+                    achieved = flops_per_step / step_time / len(jax.devices())
+                    metrics.update(step_time_s=step_time, tokens_per_s=tokens_per_step / step_time,
+                                   tflops_per_device=achieved / 1e12)
+                    if peak:
+                        metrics["mfu"] = achieved / peak
+                    window_start, window_steps = time.perf_counter(), 0
+                    bar.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
+                writer.write(step, metrics, echo=log_now)
+                summary["final_loss"] = metrics["loss"]
+                bar.update(1)
+                ckpt.maybe_save(step, state)
+                if (cfg.train.eval_every and step % cfg.train.eval_every == 0) or step == total:
+                    for name, result in evaluate(session, eval_step, state["params"]).items():
+                        writer.write(step, {"set": name, **result}, kind="eval")
+                        summary.setdefault("eval", {})[name] = result
+                    window_start, window_steps = time.perf_counter(), 0
+                if received:
+                    stopped_by = signal.Signals(received[0]).name
+                    break
+    finally:
+        bar.close()
+        if step > start and ckpt.latest_step() != step and "final_loss" in summary \
+                and math.isfinite(summary["final_loss"]):
+            ckpt.maybe_save(step, state, force=True)
+        ckpt.close()
+        writer.close()
+    summary["end_step"] = step
+    summary["status"] = f"stopped by {stopped_by}" if stopped_by else "complete"
+    if is_main:
+        msg = (f"{stopped_by}: saved step {step} to {run_dir / 'checkpoints'}; rerun the same command to resume"
+               if stopped_by else f"done: {step} steps; checkpoints in {run_dir / 'checkpoints'}, "
+               f"metrics in {run_dir / 'metrics.jsonl'}")
+        print(msg, flush=True)
+    return summary
+
+
+def evaluate_run(run_dir: str | Path, extra_eval: list[str] | None = None, step: int | None = None) -> dict:
+    """Perplexity and bits per byte of a run's checkpoint on its held-out split and `extra_eval` datasets."""
+    from scone_jax.train.run_dir import load_run_config
+
+    cfg = load_run_config(run_dir)
+    session = open_session(cfg, Path(run_dir), extra_eval)
+    if not session.eval_sets:
+        raise UserError(f"run {run_dir} has no held-out split (data.eval_fraction=0); pass --dataset DIR")
+    ckpt = Checkpointer(Path(run_dir) / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep, False)
+    if ckpt.latest_step() is None:
+        raise UserError(f"run {run_dir} has no checkpoint to evaluate")
+    state = ckpt.restore(session.setup.abstract_state, session.setup.shardings, step)
+    ckpt.close()
+    results = evaluate(session, session.eval_step(), state["params"])
+    return {"step": int(np.asarray(jax.device_get(state["step"]))), "results": results}

@@ -1,0 +1,34 @@
+"""AdamW with linear warmup + cosine decay, global-norm clipping and a weight-decay mask."""
+
+from __future__ import annotations
+
+import jax
+import optax
+
+from scone_jax.config.schema import OptimConfig
+
+
+def lr_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
+    warmup = min(cfg.warmup_steps, max(total_steps - 1, 0))
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0 if warmup else cfg.lr,
+        peak_value=cfg.lr,
+        warmup_steps=warmup,
+        decay_steps=max(total_steps, warmup + 1),
+        end_value=cfg.lr * cfg.min_lr_ratio,
+    )
+
+
+def decay_mask(params):
+    """Decay matrices (embeddings, projections); never biases or norm scales."""
+    return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def make_optimizer(cfg: OptimConfig, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    schedule = lr_schedule(cfg, total_steps)
+    chain = []
+    if cfg.grad_clip > 0:
+        chain.append(optax.clip_by_global_norm(cfg.grad_clip))
+    chain.append(optax.adamw(schedule, b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps,
+                             weight_decay=cfg.weight_decay, mask=decay_mask))
+    return optax.chain(*chain), schedule

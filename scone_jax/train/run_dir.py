@@ -1,0 +1,60 @@
+"""The run directory: resolved config, run info, checkpoints, metrics, tensorboard.
+
+A run directory belongs to one config. Restarting with the same config resumes; a config
+that differs in anything but logging, eval and checkpoint cadence is refused, so an
+existing run is never overwritten by a different one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from scone_jax.config import Config, load_config, save_config, to_dict
+from scone_jax.errors import UserError
+
+CONFIG_FILE = "config.yaml"
+# keys that may change between restarts of the same run
+MUTABLE_PREFIXES = ("logging.", "train.eval_every", "train.eval_batches", "train.log_every",
+                    "checkpoint.every", "checkpoint.keep", "checkpoint.async_save", "data.eval_datasets")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and k != "rules":
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_differences(old: Config, new: Config) -> list[str]:
+    a, b = _flatten(to_dict(old)), _flatten(to_dict(new))
+    return [k for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k) and not k.startswith(MUTABLE_PREFIXES)]
+
+
+def open_run_dir(cfg: Config, write: bool = True) -> Path:
+    """Create the run dir (or check the existing one matches `cfg`) and save the resolved config."""
+    run_dir = Path(cfg.run_dir)
+    saved = run_dir / CONFIG_FILE
+    if saved.is_file():
+        differs = config_differences(load_config(saved), cfg)
+        if differs:
+            raise UserError(f"run_dir {run_dir} holds a run with a different config (differs in "
+                            f"{', '.join(differs[:5])}); use a new run_dir or the same config to resume")
+    elif run_dir.exists() and any(run_dir.iterdir()):
+        raise UserError(f"run_dir {run_dir} exists and is not a scone_jax run directory (no {CONFIG_FILE}); "
+                        "expected a new or empty directory")
+    if write:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, saved)
+    return run_dir
+
+
+def load_run_config(run_dir: str | Path) -> Config:
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise UserError(f"{run_dir} is not a run directory (no {CONFIG_FILE})")
+    return load_config(path)
+

@@ -1,0 +1,67 @@
+"""The train step: a pure function of (state, batch) under `jax.jit` with explicit shardings.
+
+State is donated, so parameters and optimizer moments are updated in place. Activations are
+pinned by logical names while tracing (`activation_sharding`), using the same rules table as
+the parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from scone_jax.dist.rules import MeshAxes, activation_sharding, named_sharding
+from scone_jax.train.state import ModelHandle
+
+BATCH_AXES = {"inputs": ("batch", "seq"), "targets": ("batch", "seq")}
+
+
+def batch_shardings(mesh: Mesh, rules: Mapping[str, MeshAxes], batch_size: int, seq_len: int):
+    return {k: named_sharding(v, (batch_size, seq_len), mesh, rules) for k, v in BATCH_AXES.items()}
+
+
+def token_losses(handle: ModelHandle, params, batch) -> jax.Array:
+    """Per-token next-token cross entropy [B, T] in float32."""
+    logits = handle.merge(params)(batch["inputs"])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
+
+
+def make_train_step(handle: ModelHandle, tx: optax.GradientTransformation, schedule,
+                    mesh: Mesh, rules: Mapping[str, MeshAxes], state_shardings, batch_sharding):
+    def step_fn(state, batch):
+        with activation_sharding(mesh, rules):
+            def loss_fn(params):
+                return jnp.mean(token_losses(handle, params, batch))
+
+            loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        metrics = {
+            "loss": loss,
+            "grad_norm": optax.global_norm(grads),
+            "lr": schedule(state["step"]),
+        }
+        return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
+
+    return jax.jit(step_fn, in_shardings=(state_shardings, batch_sharding),
+                   out_shardings=(state_shardings, None), donate_argnums=(0,))
+
+
+def make_eval_step(handle: ModelHandle, mesh: Mesh, rules: Mapping[str, MeshAxes], param_shardings,
+                   batch_sharding):
+    """Summed loss (nats), token count and predicted-target bytes for one batch."""
+
+    def eval_fn(params, batch, token_bytes):
+        with activation_sharding(mesh, rules):
+            losses = token_losses(handle, params, batch)
+        return {
+            "nats": jnp.sum(losses),
+            "tokens": jnp.asarray(losses.size, jnp.float32),
+            "bytes": jnp.sum(token_bytes[batch["targets"]]).astype(jnp.float32),
+        }
+
+    return jax.jit(eval_fn, in_shardings=(param_shardings, batch_sharding, None))

@@ -1,0 +1,90 @@
+from pathlib import Path
+
+import pytest
+
+from scone_jax.config import load_config, parse_overrides, save_config
+from scone_jax.config.load import PRESET_DIR
+from scone_jax.errors import UserError
+
+SHIPPED = sorted(p for p in PRESET_DIR.rglob("*.yaml") if "results" not in p.parts)
+
+
+def test_presets_exist():
+    assert {"tiny", "small", "demo", "tiny_llama"} <= {p.stem for p in SHIPPED}
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: str(p.relative_to(PRESET_DIR)))
+def test_every_shipped_config_loads_and_validates(path):
+    cfg = load_config(path)
+    cfg.validate()
+
+
+def test_overrides_typed_and_nested():
+    cfg = load_config("tiny", ["train.steps=7", "optim.lr=1", "data.corpus=[a.txt, 'b/*.txt']",
+                               "model.family=llama", "mesh.rules={mlp: null}", "logging.tensorboard=false"])
+    assert cfg.train.steps == 7 and isinstance(cfg.optim.lr, float) and cfg.optim.lr == 1.0
+    assert cfg.data.corpus == ["a.txt", "b/*.txt"] and cfg.model.family == "llama"
+    assert cfg.mesh.rules == {"mlp": None} and cfg.logging.tensorboard is False
+
+
+def test_single_string_becomes_list():
+    assert load_config(None, ["data.corpus=x.txt"]).data.corpus == ["x.txt"]
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["train.stepz=3"], "unknown config key 'train.stepz'"),
+    (["nosuch.key=3"], "unknown config key 'nosuch'"),
+    (["train.steps=three"], "train.steps='three'"),
+    (["train.steps=1.5"], "train.steps=1.5"),
+    (["logging.tensorboard=3"], "logging.tensorboard=3"),
+    (["model.family=gpt5"], "model.family='gpt5'"),
+    (["model.d_model=130", "model.n_heads=4"], "not divisible"),
+    (["mesh.data=-1", "mesh.tensor=-1"], "at most one axis may be -1"),
+    (["train.steps"], "key=value"),
+    (["data.seq_len=4096"], "exceeds model.max_seq_len"),
+])
+def test_bad_values_are_one_line_user_errors(overrides, needle):
+    with pytest.raises(UserError) as e:
+        load_config("tiny", overrides)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_config(bad)
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- 1\n- 2\n")
+    with pytest.raises(UserError, match="mapping"):
+        load_config(listy)
+
+
+def test_yaml_is_read_safely(tmp_path):
+    evil = tmp_path / "evil.yaml"
+    evil.write_text("run_dir: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_config(evil)
+
+
+def test_base_chain_and_round_trip(tmp_path):
+    child = tmp_path / "child.yaml"
+    child.write_text(f"base: {PRESET_DIR / 'tiny.yaml'}\ntrain:\n  steps: 3\n")
+    cfg = load_config(child, ["model.n_layers=1"])
+    assert cfg.train.steps == 3 and cfg.model.n_layers == 1 and cfg.model.d_model == 128
+    save_config(cfg, tmp_path / "saved.yaml")
+    assert load_config(tmp_path / "saved.yaml") == cfg
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("base: loop.yaml\n")
+    with pytest.raises(UserError, match="loops"):
+        load_config(loop)
+
+
+def test_parse_overrides_nesting():
+    assert parse_overrides(["a.b=1", "a.c=x", "d=[1, 2]"]) == {"a": {"b": 1, "c": "x"}, "d": [1, 2]}
+
+
+def test_presets_resolve_by_name():
+    assert Path(load_config("tiny").run_dir) == Path("runs/tiny")
