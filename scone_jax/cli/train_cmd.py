@@ -21,6 +21,8 @@ def register(sub) -> None:
     p.add_argument("config", help="YAML config path or preset name (experiments/<name>.yaml)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, values parsed as YAML")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--count-params", action="store_true",
+                   help="print the parameter counts (backbone, non-embedding, f-gram model) and exit")
     p.set_defaults(func=run)
 
 
@@ -33,9 +35,29 @@ def run(args) -> int:
 
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
         return 0
+    if args.count_params:
+        print(describe_params(cfg))
+        return 0
     from scone_jax.train.loop import train
 
     summary = train(cfg)
     if summary["status"].startswith("stopped by"):
         return 143 if "SIGTERM" in summary["status"] else 130
     return 0
+
+
+def describe_params(cfg) -> str:
+    """Parameter counts from the architecture alone (no tokenizer needed when model.vocab_size is set)."""
+    from scone_jax.errors import UserError
+    from scone_jax.metrics.flops import count_fgram_params, count_params
+
+    if not cfg.model.vocab_size:
+        raise UserError("--count-params needs model.vocab_size (0 means 'from the tokenizer')")
+    total, embedding = count_params(cfg.model, cfg.model.vocab_size)
+    line = (f"backbone {total / 1e6:,.1f}M parameters ({(total - embedding) / 1e6:,.1f}M non-embedding, "
+            f"{embedding / 1e6:,.1f}M embedding)")
+    if cfg.fgrams.enabled:
+        fgram = count_fgram_params(cfg.fgrams, cfg.model)
+        line += (f"; f-gram model {fgram / 1e6:,.1f}M parameters (training only; at inference "
+                 f"{cfg.fgrams.num_fgrams:,} table rows off the accelerator)")
+    return line

@@ -69,21 +69,55 @@ class ModelConfig:
 
 @dataclass
 class FgramConfig:
-    """SCONE f-gram settings (SCONE.md sections 2-4). `enabled: false` trains the baseline."""
+    """SCONE f-gram settings (SCONE.md sections 2-4). `enabled: false` trains the baseline.
+
+    The f-gram model has the backbone's block type; its depth is `n_layers` or, when 0,
+    `model_size` (e.g. "0.5x", "1x", "2x", "3x") times the backbone's depth; its width is
+    `d_model` (0 = the backbone's, else linear projections map T's rows in and its output out).
+    """
 
     enabled: bool = False
     max_n: int = 5
     num_fgrams: int = 100_000
     min_count: int = 5
-    fgram_set: str = ""  # path to a built f-gram set; empty = build one in the run directory
+    fgram_set: str = ""  # a built f-gram set directory; empty = build one in the run directory
     model_size: str = "1x"
-    combine: str = "replace"
+    n_layers: int = 0
+    d_model: int = 0
+    n_heads: int = 0  # 0 = backbone's heads when widths match, else d_model // 64
+    combine: str = "replace"  # replace (the paper) | add
+    dedup: bool = True  # compute each distinct f-gram of a batch once
+    capacity: int = 0  # distinct f-grams per host batch before the buffer grows; 0 = auto
 
     def validate(self) -> None:
         _check(2 <= self.max_n <= 16, f"fgrams.max_n={self.max_n} (expected 2..16)")
         _check(self.num_fgrams > 0, f"fgrams.num_fgrams={self.num_fgrams} (expected > 0)")
         _check(self.min_count >= 1, f"fgrams.min_count={self.min_count} (expected >= 1)")
         _check(self.combine in ("replace", "add"), f"fgrams.combine={self.combine!r} (expected 'replace' or 'add')")
+        _check(self.n_layers >= 0 and self.d_model >= 0 and self.n_heads >= 0 and self.capacity >= 0,
+               "fgrams.n_layers, d_model, n_heads and capacity must be >= 0")
+        _check(self.size_multiplier > 0, f"fgrams.model_size={self.model_size!r} (expected e.g. '0.5x', '1x', '3x')")
+
+    @property
+    def size_multiplier(self) -> float:
+        text = self.model_size.strip().lower().removesuffix("x")
+        try:
+            return float(text)
+        except ValueError:
+            return -1.0
+
+    def model_config(self, backbone: ModelConfig) -> ModelConfig:
+        """The f-gram model's architecture, derived from the backbone's."""
+        d_model = self.d_model or backbone.d_model
+        n_heads = self.n_heads or (backbone.n_heads if d_model == backbone.d_model else max(1, d_model // 64))
+        n_layers = self.n_layers or max(1, round(self.size_multiplier * backbone.n_layers))
+        same_width = d_model == backbone.d_model
+        return ModelConfig(
+            family=backbone.family, vocab_size=backbone.vocab_size, d_model=d_model, n_layers=n_layers,
+            n_heads=n_heads, n_kv_heads=backbone.n_kv_heads if same_width and n_heads == backbone.n_heads else 0,
+            d_ff=backbone.d_ff if same_width else 0, max_seq_len=self.max_n, tie_embeddings=True,
+            dtype=backbone.dtype, param_dtype=backbone.param_dtype, rope_theta=backbone.rope_theta,
+            norm_eps=backbone.norm_eps, init_std=backbone.init_std)
 
 
 @dataclass
@@ -211,5 +245,7 @@ class Config:
         for section in (self.model, self.fgrams, self.data, self.mesh, self.optim, self.train,
                         self.checkpoint, self.logging):
             section.validate()
+        if self.fgrams.enabled:
+            self.fgrams.model_config(self.model).validate()
         _check(self.data.seq_len <= self.model.max_seq_len,
                f"data.seq_len={self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}")

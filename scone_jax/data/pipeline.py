@@ -14,7 +14,7 @@ which is what later stages (f-gram tags) key on.
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import grain
@@ -79,6 +79,7 @@ class BatchStream:
     process_index: int = 0
     process_count: int = 1
     shuffle: bool = True
+    transform: Callable[[dict], dict] | None = None  # e.g. the f-gram batcher (SCONE)
 
     def __post_init__(self):
         if self.global_batch % self.process_count:
@@ -94,7 +95,8 @@ class BatchStream:
         self._per_host = ds.repeat().map(to_example).batch(self.local_batch, drop_remainder=True)
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
-        return self._per_host[step * self.process_count + self.process_index]
+        batch = self._per_host[step * self.process_count + self.process_index]
+        return self.transform(batch) if self.transform else batch
 
     def iterate(self, start_step: int, prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:
         """Batches from `start_step` on, prepared `prefetch` steps ahead on a background thread."""
@@ -108,11 +110,11 @@ class BatchStream:
 
 
 def eval_batches(source: WindowSource, batch_size: int, max_batches: int, process_index: int = 0,
-                 process_count: int = 1) -> list[dict[str, np.ndarray]]:
+                 process_count: int = 1, transform=None) -> list[dict[str, np.ndarray]]:
     """The first `max_batches` batches of a split in order (no shuffle): a fixed eval set."""
     n = min(max_batches, len(source) // batch_size)
     if n == 0:
         raise UserError(f"held-out split has {len(source)} windows, fewer than one eval batch of {batch_size}")
     stream = BatchStream(source, batch_size, seed=0, process_index=process_index,
-                         process_count=process_count, shuffle=False)
+                         process_count=process_count, shuffle=False, transform=transform)
     return [stream.batch(k) for k in range(n)]

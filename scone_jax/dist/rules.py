@@ -32,10 +32,13 @@ DEFAULT_RULES: dict[str, MeshAxes] = {
     "qkv": None,
     "positions": None,
     "norm": None,
-    # the f-gram model (SCONE) reuses the backbone names; these cover what only it has
-    "fgram_batch": ("data", "fsdp"),
-    "fgram_len": None,
+    "backbone_embed": "fsdp",  # the backbone-width side of the f-gram model's projections
 }
+
+# The f-gram model (SCONE) names its axes "fgram/<name>" (see `axis_namespace`). A
+# "fgram/<name>" row, when present, overrides "<name>" for the f-gram model only, so its
+# layout is a config change (`mesh.rules={fgram/mlp: null}`); absent, it follows the backbone.
+NAMESPACES = ("fgram/",)
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -44,7 +47,8 @@ def make_rules(overrides: Mapping[str, object] | None = None) -> dict[str, MeshA
     """DEFAULT_RULES with config overrides applied; unknown names or axes are a UserError."""
     rules = dict(DEFAULT_RULES)
     for name, target in (overrides or {}).items():
-        if name not in rules:
+        base = next((name[len(ns):] for ns in NAMESPACES if name.startswith(ns)), name)
+        if base not in DEFAULT_RULES:
             raise UserError(f"mesh.rules: unknown logical axis {name!r} (expected one of {sorted(rules)})")
         if isinstance(target, list):
             target = tuple(target)
@@ -56,14 +60,21 @@ def make_rules(overrides: Mapping[str, object] | None = None) -> dict[str, MeshA
     return rules
 
 
+def _lookup(name: str, rules: Mapping[str, MeshAxes]) -> MeshAxes:
+    if name in rules:
+        return rules[name]
+    for ns in NAMESPACES:
+        if name.startswith(ns) and name[len(ns):] in rules:
+            return rules[name[len(ns):]]
+    raise KeyError(f"logical axis {name!r} has no rule in the rules table")
+
+
 def logical_to_spec(names: Sequence[str | None], rules: Mapping[str, MeshAxes]) -> PartitionSpec:
     """Map logical names to a PartitionSpec; a mesh axis is used at most once per spec."""
     used: set[str] = set()
     out = []
     for name in names:
-        target = rules.get(name) if name is not None else None
-        if name is not None and name not in rules:
-            raise KeyError(f"logical axis {name!r} has no rule in the rules table")
+        target = _lookup(name, rules) if name is not None else None
         axes = (target,) if isinstance(target, str) else tuple(target or ())
         axes = tuple(a for a in axes if a not in used)
         used.update(axes)
@@ -91,9 +102,28 @@ def named_sharding(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh
     return NamedSharding(mesh, fit_spec(logical_to_spec(names, rules), shape, mesh))
 
 
-# --- activation constraints -------------------------------------------------------------
+# --- namespaces and activation constraints ----------------------------------------------
 
 _context = threading.local()
+
+
+@contextlib.contextmanager
+def axis_namespace(prefix: str) -> Iterator[None]:
+    """Inside this block, logical names given to `axis_names` and `constrain` get `prefix`."""
+    if prefix not in NAMESPACES:
+        raise ValueError(f"unknown axis namespace {prefix!r}")
+    previous = getattr(_context, "prefix", "")
+    _context.prefix = prefix
+    try:
+        yield
+    finally:
+        _context.prefix = previous
+
+
+def axis_names(names: Sequence[str | None]) -> tuple[str | None, ...]:
+    """Logical names in the current namespace (what parameters and activations record)."""
+    prefix = getattr(_context, "prefix", "")
+    return tuple(n if n is None or not prefix else prefix + n for n in names)
 
 
 @contextlib.contextmanager
@@ -113,4 +143,4 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     if ctx is None:
         return x
     mesh, rules = ctx
-    return jax.lax.with_sharding_constraint(x, named_sharding(names, x.shape, mesh, rules))
+    return jax.lax.with_sharding_constraint(x, named_sharding(axis_names(names), x.shape, mesh, rules))

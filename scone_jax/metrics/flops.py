@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import jax
 
-from scone_jax.config.schema import ModelConfig
+from scone_jax.config.schema import FgramConfig, ModelConfig
 
 # Dense bf16 peak FLOP/s per chip (vendor figures, no sparsity). Keys match device_kind prefixes.
 PEAK_BF16_FLOPS: dict[str, float] = {
@@ -48,29 +48,54 @@ class ModelFlops:
         return self.params_total - self.params_embedding
 
 
-def count_params(cfg: ModelConfig, vocab_size: int) -> tuple[int, int]:
-    """(total, embedding) parameter counts, matching the parameters `Transformer` creates."""
-    d, h, kv, hd, f, n = cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.ffn_dim, cfg.n_layers
+def _block_params(cfg: ModelConfig) -> int:
+    d, h, kv, hd, f = cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.ffn_dim
     gpt2 = cfg.family == "gpt2"
     attn = d * h * hd + 2 * d * kv * hd + h * hd * d + ((h + 2 * kv) * hd + d if gpt2 else 0)
     mlp = 3 * d * f if not gpt2 else 2 * d * f + f + d
     norms = (2 * d if gpt2 else d) * 2
-    per_layer = attn + mlp + norms
-    embedding = vocab_size * d + (cfg.max_seq_len * d if gpt2 else 0)
+    return attn + mlp + norms
+
+
+def _norm_params(cfg: ModelConfig) -> int:
+    return 2 * cfg.d_model if cfg.family == "gpt2" else cfg.d_model
+
+
+def count_params(cfg: ModelConfig, vocab_size: int) -> tuple[int, int]:
+    """(total, embedding) parameter counts, matching the parameters `Transformer` creates."""
+    d = cfg.d_model
+    embedding = vocab_size * d + (cfg.max_seq_len * d if cfg.family == "gpt2" else 0)
     head = 0 if cfg.tie_embeddings else d * vocab_size
-    final_norm = 2 * d if gpt2 else d
-    return n * per_layer + embedding + head + final_norm, embedding
+    return cfg.n_layers * _block_params(cfg) + embedding + head + _norm_params(cfg), embedding
+
+
+def count_fgram_params(fgram: FgramConfig, backbone: ModelConfig) -> int:
+    """Parameters of the f-gram model `FgramModel` creates (it has no token embedding)."""
+    cfg = fgram.model_config(backbone)
+    proj = 2 * backbone.d_model * cfg.d_model if cfg.d_model != backbone.d_model else 0
+    return cfg.n_layers * _block_params(cfg) + cfg.max_seq_len * cfg.d_model + _norm_params(cfg) + proj
+
+
+def _forward_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    d, h, kv, hd, f = cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.ffn_dim
+    proj = d * h * hd + 2 * d * kv * hd + h * hd * d
+    mlp = (3 if cfg.family == "llama" else 2) * d * f
+    attention = 2 * seq_len * h * hd  # QK^T and PV per query token
+    return cfg.n_layers * (2 * (proj + mlp) + 2 * attention)
 
 
 def model_flops(cfg: ModelConfig, vocab_size: int, seq_len: int) -> ModelFlops:
     total, embedding = count_params(cfg, vocab_size)
-    d, h, kv, hd, f, n = cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.ffn_dim, cfg.n_layers
-    proj = d * h * hd + 2 * d * kv * hd + h * hd * d
-    mlp = (3 if cfg.family == "llama" else 2) * d * f
-    attention = 2 * seq_len * h * hd  # QK^T and PV per query token
-    per_layer = 2 * (proj + mlp) + 2 * attention
-    head = 2 * d * vocab_size
-    return ModelFlops(params_total=total, params_embedding=embedding, forward_per_token=n * per_layer + head)
+    head = 2 * cfg.d_model * vocab_size
+    return ModelFlops(params_total=total, params_embedding=embedding,
+                      forward_per_token=_forward_per_token(cfg, seq_len) + head)
+
+
+def fgram_forward_per_row(fgram: FgramConfig, backbone: ModelConfig) -> float:
+    """Forward FLOPs of the f-gram model on one buffer row (all K positions are computed)."""
+    cfg = fgram.model_config(backbone)
+    proj = 2 * 2 * backbone.d_model * cfg.d_model if cfg.d_model != backbone.d_model else 0
+    return cfg.max_seq_len * _forward_per_token(cfg, cfg.max_seq_len) + proj
 
 
 def peak_flops(device: jax.Device | None = None) -> float | None:

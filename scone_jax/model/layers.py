@@ -13,20 +13,20 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scone_jax.config.schema import ModelConfig
-from scone_jax.dist.rules import constrain
+from scone_jax.dist.rules import axis_names, constrain
 
 
 def param(rngs: nnx.Rngs, shape, axes, std: float | None, dtype) -> nnx.Param:
-    """A normal(std) weight, or zeros when std is None, or ones when std == 'ones'."""
+    """A normal(std) weight, or zeros when std is None; named in the current axis namespace."""
     if std is None:
         value = jnp.zeros(shape, dtype)
     else:
         value = (std * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
-    return nnx.Param(value, logical_axes=tuple(axes))
+    return nnx.Param(value, logical_axes=axis_names(axes))
 
 
 def ones(shape, axes, dtype) -> nnx.Param:
-    return nnx.Param(jnp.ones(shape, dtype), logical_axes=tuple(axes))
+    return nnx.Param(jnp.ones(shape, dtype), logical_axes=axis_names(axes))
 
 
 class Norm(nnx.Module):

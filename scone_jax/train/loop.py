@@ -7,6 +7,7 @@ Order inside one iteration: run the jitted step, fetch its metrics, refuse a non
 from __future__ import annotations
 
 import math
+import shutil
 import signal
 import sys
 import time
@@ -45,8 +46,15 @@ def stop_on_signals(signals=(signal.SIGTERM, signal.SIGINT)):
 def train(cfg: Config) -> dict:
     """Train (or resume) the run described by `cfg`; returns a summary dict."""
     is_main = jax.process_index() == 0
-    run_dir = open_run_dir(cfg, write=is_main)
-    session = open_session(cfg, run_dir)
+    fresh = not Path(cfg.run_dir).exists()
+    run_dir = open_run_dir(cfg, write=False)
+    try:
+        session = open_session(cfg, run_dir)
+    except BaseException:
+        if fresh and is_main:  # bad input found during set-up: leave nothing behind
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    open_run_dir(cfg, write=is_main)
     total = cfg.train.steps
     ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep, cfg.checkpoint.async_save)
     writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard, print_fn=tqdm.write)

@@ -12,21 +12,30 @@ from collections.abc import Mapping
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
-from scone_jax.dist.rules import MeshAxes, activation_sharding, named_sharding
+from scone_jax.dist.rules import MeshAxes, activation_sharding, logical_to_spec, named_sharding
 from scone_jax.train.state import ModelHandle
 
 BATCH_AXES = {"inputs": ("batch", "seq"), "targets": ("batch", "seq")}
+# SCONE batches also carry the f-gram buffer (data/fgram_batches.py), sharded like a batch
+FGRAM_AXES = {"fgram_index": ("batch", "seq"), "fgram_tokens": ("fgram/batch", None),
+              "fgram_lengths": ("fgram/batch",)}
 
 
-def batch_shardings(mesh: Mesh, rules: Mapping[str, MeshAxes], batch_size: int, seq_len: int):
-    return {k: named_sharding(v, (batch_size, seq_len), mesh, rules) for k, v in BATCH_AXES.items()}
+def batch_shardings(mesh: Mesh, rules: Mapping[str, MeshAxes], batch_size: int, seq_len: int,
+                    scone: bool = False):
+    out = {k: named_sharding(v, (batch_size, seq_len), mesh, rules) for k, v in BATCH_AXES.items()}
+    if scone:
+        # the buffer's row count varies by batch but is always a multiple of the data-parallel size
+        out.update({k: NamedSharding(mesh, logical_to_spec(v, rules)) for k, v in FGRAM_AXES.items()})
+    return out
 
 
 def token_losses(handle: ModelHandle, params, batch) -> jax.Array:
     """Per-token next-token cross entropy [B, T] in float32."""
-    logits = handle.merge(params)(batch["inputs"])
+    extra = {k: batch[k] for k in FGRAM_AXES if k in batch}
+    logits = handle.merge(params)(batch["inputs"], **extra)
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
 
 
@@ -42,7 +51,7 @@ def make_train_step(handle: ModelHandle, tx: optax.GradientTransformation, sched
         params = optax.apply_updates(state["params"], updates)
         metrics = {
             "loss": loss,
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
             "lr": schedule(state["step"]),
         }
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics

@@ -1,0 +1,54 @@
+"""The f-gram model F (SCONE.md section 4): a short causal transformer over an f-gram's tokens.
+
+It has no token embedding of its own: it reads the backbone's table T (passed in), so T gets
+gradients from both paths. Its own learned positions 0..K-1 are start-aligned, f-grams are
+right-padded, and the output is the final normed hidden state at the last real position.
+When its width differs from the backbone's, linear projections map T's rows in and the
+output back out. Every parameter and activation lives in the "fgram/" axis namespace.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from scone_jax.config.schema import ModelConfig
+from scone_jax.dist.rules import axis_namespace, constrain
+from scone_jax.model.layers import Block, Norm, param
+from scone_jax.model.transformer import causal_mask
+
+
+class FgramModel(nnx.Module):
+    def __init__(self, cfg: ModelConfig, backbone_width: int, *, rngs: nnx.Rngs):
+        pdt = jnp.dtype(cfg.param_dtype)
+        self.cfg = cfg
+        self.dtype = jnp.dtype(cfg.dtype)
+        self.projected = cfg.d_model != backbone_width
+        with axis_namespace("fgram/"):
+            self.pos_embed = param(rngs, (cfg.max_seq_len, cfg.d_model), ("positions", "embed"), cfg.init_std, pdt)
+            if self.projected:
+                self.proj_in = param(rngs, (backbone_width, cfg.d_model), ("backbone_embed", "embed"), cfg.init_std, pdt)
+                self.proj_out = param(rngs, (cfg.d_model, backbone_width), ("embed", "backbone_embed"), cfg.init_std, pdt)
+            self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
+            self.final_norm = Norm(cfg, cfg.d_model, rngs=rngs)
+
+    def __call__(self, token_embeddings: jax.Array, lengths: jax.Array) -> jax.Array:
+        """[N, K, d_backbone] embeddings T(tokens) of right-padded f-grams, [N] lengths -> [N, d_backbone]."""
+        with axis_namespace("fgram/"):
+            x = token_embeddings.astype(self.dtype)
+            if self.projected:
+                x = x @ self.proj_in[...].astype(self.dtype)
+            k = x.shape[1]
+            positions = jnp.broadcast_to(jnp.arange(k), x.shape[:2])
+            x = x + self.pos_embed[...][:k].astype(self.dtype)
+            x = constrain(x, ("batch", "seq", "embed"))
+            mask = causal_mask(k)
+            for block in self.blocks:
+                x = block(x, positions, mask)
+            h = self.final_norm(x)
+            last = jnp.clip(lengths - 1, 0, k - 1)
+            out = jnp.take_along_axis(h, last[:, None, None].astype(jnp.int32), axis=1)[:, 0]
+            if self.projected:
+                out = out @ self.proj_out[...].astype(self.dtype)
+            return constrain(out, ("batch", "embed"))

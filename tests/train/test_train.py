@@ -1,0 +1,104 @@
+"""Training end to end: loss goes down, 1 device == 8 devices, resume is bitwise, signals save."""
+
+import signal
+import time
+
+import numpy as np
+
+from scone_jax.config import load_config
+from scone_jax.train.loop import train
+from tests.train.helpers import cli, cli_run, losses, read_metrics, tiny_overrides
+
+
+def test_loss_decreases_on_the_8_device_mesh(markov_dataset, tmp_path):
+    cfg = load_config("tiny", tiny_overrides(markov_dataset.path, tmp_path / "run", steps=40,
+                                             **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2,
+                                                "train.eval_every": 20}))
+    summary = train(cfg)
+    assert summary["status"] == "complete" and summary["end_step"] == 40
+    loss = losses(tmp_path / "run")
+    assert sorted(loss) == list(range(1, 41))  # one record per step, no gaps
+    assert np.mean([loss[s] for s in range(36, 41)]) < np.mean([loss[s] for s in range(1, 6)]) - 0.5
+    evals = read_metrics(tmp_path / "run", "eval")
+    assert [e["step"] for e in evals] == [20, 40] and evals[1]["perplexity"] < evals[0]["perplexity"]
+    assert (tmp_path / "run" / "config.yaml").is_file()
+    assert load_config(tmp_path / "run" / "config.yaml") == cfg
+
+
+def test_one_device_equals_the_data_fsdp_tensor_mesh(markov_dataset, tmp_path):
+    for family in ("gpt2", "llama"):
+        one = cli_run(["train", "tiny", *tiny_overrides(markov_dataset.path, tmp_path / f"one_{family}",
+                                                         steps=12, **{"model.family": family})], devices=1)
+        assert one.returncode == 0, one.stderr[-2000:]
+        cfg = load_config("tiny", tiny_overrides(markov_dataset.path, tmp_path / f"eight_{family}", steps=12,
+                                                 **{"model.family": family, "mesh.data": 2, "mesh.fsdp": 2,
+                                                    "mesh.tensor": 2}))
+        train(cfg)
+        a, b = losses(tmp_path / f"one_{family}"), losses(tmp_path / f"eight_{family}")
+        assert sorted(a) == sorted(b) == list(range(1, 13))
+        np.testing.assert_allclose([a[s] for s in a], [b[s] for s in a], rtol=2e-5)
+
+
+def _wait_for_step(run_dir, step, proc, timeout=240):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended early: {proc.stderr.read()[-2000:]}")
+        try:
+            if any(r["step"] >= step for r in read_metrics(run_dir)):
+                return
+        except (FileNotFoundError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} not reached")
+
+
+def test_kill_and_resume_is_bitwise_identical(markov_dataset, tmp_path):
+    steps = 24
+    straight = cli_run(["train", "tiny", *tiny_overrides(markov_dataset.path, tmp_path / "straight", steps)])
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    args = ["train", "tiny", *tiny_overrides(markov_dataset.path, tmp_path / "killed", steps)]
+    proc = cli(args)
+    _wait_for_step(tmp_path / "killed", 12, proc)
+    proc.kill()  # SIGKILL: no chance to save; resume from the last interval checkpoint
+    proc.communicate()
+    resumed = cli_run(args)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming at step" in resumed.stdout
+    assert losses(tmp_path / "killed") == losses(tmp_path / "straight")  # bitwise, every step, no gaps
+
+
+def test_sigterm_saves_then_resume_completes(markov_dataset, tmp_path):
+    args = ["train", "tiny", *tiny_overrides(markov_dataset.path, tmp_path / "run", 400,
+                                             **{"checkpoint.every": 1000})]
+    proc = cli(args)
+    _wait_for_step(tmp_path / "run", 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    assert "SIGTERM: saved step" in out
+    saved = max(losses(tmp_path / "run"))
+    ckpts = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit())
+    assert ckpts == [saved] and saved < 400
+    summary = train(load_config(tmp_path / "run" / "config.yaml"))
+    assert summary["start_step"] == saved and summary["end_step"] == 400
+
+
+def test_nan_loss_stops_with_a_clear_message(markov_dataset, tmp_path):
+    res = cli_run(["train", "tiny", *tiny_overrides(markov_dataset.path, tmp_path / "run", 10,
+                                                     **{"optim.lr": 1e30, "optim.grad_clip": 0.0,
+                                                        "optim.warmup_steps": 0})])
+    assert res.returncode == 2
+    assert "loss is nan" in res.stderr.lower() and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith("scone-jax train: error: loss is nan at step")
+
+
+def test_eval_command_reports_perplexity(markov_dataset, tmp_path):
+    train(load_config("tiny", tiny_overrides(markov_dataset.path, tmp_path / "run", 10)))
+    res = cli_run(["eval", str(tmp_path / "run"), "--dataset", str(markov_dataset.path), "--json"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    import json
+
+    out = json.loads(res.stdout)
+    assert out["step"] == 10 and set(out["results"]) == {"heldout", "markov"}
+    assert all(1 < r["perplexity"] < 64 for r in out["results"].values())
