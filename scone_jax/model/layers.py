@@ -81,7 +81,7 @@ class Attention(nnx.Module):
             self.bv = param(rngs, (kv, hd), ("kv_heads", "head_dim"), None, pdt)
             self.bo = param(rngs, (d,), ("embed",), None, pdt)
 
-    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+    def _qkv(self, x: jax.Array, positions: jax.Array):
         cfg, dt = self.cfg, x.dtype
         q = jnp.einsum("btd,dhk->bthk", x, self.wq[...].astype(dt))
         k = jnp.einsum("btd,dhk->bthk", x, self.wk[...].astype(dt))
@@ -92,6 +92,11 @@ class Attention(nnx.Module):
             q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
         q = constrain(q, ("batch", "seq", "heads", "head_dim"))
         k = constrain(k, ("batch", "seq", "kv_heads", "head_dim"))
+        return q, k, v
+
+    def _attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+        """softmax(q k^T / sqrt(d)) v over keys allowed by `mask` [B or 1, Tq, Tk], then the output projection."""
+        cfg, dt = self.cfg, q.dtype
         groups = cfg.n_heads // cfg.kv_heads
         if groups > 1:
             k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
@@ -104,6 +109,24 @@ class Attention(nnx.Module):
         if self.use_bias:
             y = y + self.bo[...].astype(dt)
         return y
+
+    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+        q, k, v = self._qkv(x, positions)
+        return self._attend(q, k, v, mask)
+
+    def cached(self, x: jax.Array, positions: jax.Array, cache: dict, start: jax.Array):
+        """Attention for tokens at `start..start+T-1` given a KV cache of earlier tokens.
+
+        `cache` holds `k`, `v` [B, L, kv_heads, head_dim]; returns the output and the cache
+        with this chunk's keys and values written at `start`.
+        """
+        q, k, v = self._qkv(x, positions)
+        k_all = jax.lax.dynamic_update_slice_in_dim(cache["k"], k.astype(cache["k"].dtype), start, axis=1)
+        v_all = jax.lax.dynamic_update_slice_in_dim(cache["v"], v.astype(cache["v"].dtype), start, axis=1)
+        key_pos = jnp.arange(k_all.shape[1])
+        mask = key_pos[None, None, :] <= (start + jnp.arange(x.shape[1]))[None, :, None]
+        y = self._attend(q, k_all.astype(q.dtype), v_all.astype(q.dtype), mask)
+        return y, {"k": k_all, "v": v_all}
 
 
 class Mlp(nnx.Module):
@@ -150,3 +173,8 @@ class Block(nnx.Module):
         x = constrain(x, ("batch", "seq", "embed"))
         x = x + self.mlp(self.mlp_norm(x))
         return constrain(x, ("batch", "seq", "embed"))
+
+    def cached(self, x: jax.Array, positions: jax.Array, cache: dict, start: jax.Array):
+        y, cache = self.attn.cached(self.attn_norm(x), positions, cache, start)
+        x = x + y
+        return x + self.mlp(self.mlp_norm(x)), cache

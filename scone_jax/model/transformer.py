@@ -51,6 +51,23 @@ class Transformer(nnx.Module):
             x = block(x, positions, mask)
         return self.final_norm(x)
 
+    def init_cache(self, batch: int, max_len: int, dtype=None) -> list[dict]:
+        """An empty KV cache for `max_len` tokens: one {k, v} per layer."""
+        shape = (batch, max_len, self.cfg.kv_heads, self.cfg.head_dim)
+        dtype = dtype or self.dtype
+        return [{"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)} for _ in self.blocks]
+
+    def hidden_cached(self, x: jax.Array, cache: list[dict], start: jax.Array):
+        """Like `hidden` for tokens at positions start..start+T-1, reusing and extending `cache`."""
+        positions = jnp.broadcast_to(start + jnp.arange(x.shape[1]), x.shape[:2])
+        if self.cfg.family == "gpt2":
+            x = x + jnp.take(self.pos_embed[...], positions, axis=0).astype(self.dtype)
+        new_cache = []
+        for block, layer_cache in zip(self.blocks, cache):
+            x, layer_cache = block.cached(x, positions, layer_cache, start)
+            new_cache.append(layer_cache)
+        return self.final_norm(x), new_cache
+
     def logits(self, h: jax.Array) -> jax.Array:
         """Hidden states -> float32 logits over the vocabulary (tied head by default)."""
         if self.cfg.tie_embeddings:
