@@ -94,8 +94,12 @@ class BatchStream:
             ds = ds.shuffle(seed=self.seed)
         self._per_host = ds.repeat().map(to_example).batch(self.local_batch, drop_remainder=True)
 
+    def raw_batch(self, step: int) -> dict[str, np.ndarray]:
+        """This process's rows of global batch `step`, before `transform`."""
+        return self._per_host[step * self.process_count + self.process_index]
+
     def batch(self, step: int) -> dict[str, np.ndarray]:
-        batch = self._per_host[step * self.process_count + self.process_index]
+        batch = self.raw_batch(step)
         return self.transform(batch) if self.transform else batch
 
     def iterate(self, start_step: int, prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:

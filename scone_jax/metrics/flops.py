@@ -91,11 +91,11 @@ def model_flops(cfg: ModelConfig, vocab_size: int, seq_len: int) -> ModelFlops:
                       forward_per_token=_forward_per_token(cfg, seq_len) + head)
 
 
-def fgram_forward_per_row(fgram: FgramConfig, backbone: ModelConfig) -> float:
-    """Forward FLOPs of the f-gram model on one buffer row (all K positions are computed)."""
+def fgram_forward_per_row(fgram: FgramConfig, backbone: ModelConfig, length: int) -> float:
+    """Forward FLOPs of the f-gram model on one f-gram of `length` tokens (all are computed)."""
     cfg = fgram.model_config(backbone)
-    proj = 2 * 2 * backbone.d_model * cfg.d_model if cfg.d_model != backbone.d_model else 0
-    return cfg.max_seq_len * _forward_per_token(cfg, cfg.max_seq_len) + proj
+    proj = 2 * backbone.d_model * cfg.d_model * (length + 1) if cfg.d_model != backbone.d_model else 0
+    return length * _forward_per_token(cfg, length) + proj
 
 
 def peak_flops(device: jax.Device | None = None) -> float | None:

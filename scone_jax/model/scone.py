@@ -1,10 +1,11 @@
 """SCONE: the backbone plus the f-gram model, combined at the input layer (SCONE.md section 3).
 
-The f-gram model runs on a buffer of f-grams ([C, K] tokens, [C] lengths); each position
-points into that buffer with `fgram_index` (-1 = no match). With deduplication the buffer
-holds each distinct f-gram of the batch once and the gather below scatters the outputs back
-(its transpose sums the gradients of every position sharing a row); without it, every
-matched position has its own row. Both give the same loss and gradients.
+The f-gram model runs on buffers of f-grams, one per length ([C_n, n] tokens, no padding);
+each position points into the buffers' rows concatenated with `fgram_index` (-1 = no
+match). With deduplication each distinct f-gram of the batch is one row and the gather below
+scatters the outputs back (its transpose sums the gradients of every position sharing a
+row); without it, every matched position has its own row. Both give the same loss and
+gradients.
 """
 
 from __future__ import annotations
@@ -30,15 +31,18 @@ class SconeModel(nnx.Module):
         table = self.backbone.embed_table[...]
         return self.fgram(jnp.take(table, jnp.maximum(fgram_tokens, 0), axis=0), fgram_lengths)
 
-    def input_embeddings(self, tokens, fgram_index, fgram_tokens, fgram_lengths) -> jax.Array:
+    def input_embeddings(self, tokens, fgram_index, fgram_groups) -> jax.Array:
+        """T(s_i), with the f-gram embedding replacing or added to it where a match exists."""
         x = self.backbone.embed(tokens)
-        rows = self.fgram_embeddings(fgram_tokens, fgram_lengths).astype(x.dtype)
+        rows = jnp.concatenate([
+            self.fgram_embeddings(group, jnp.full(group.shape[:1], group.shape[1], jnp.int32))
+            for group in fgram_groups], axis=0).astype(x.dtype)
         matched = (fgram_index >= 0)[..., None]
         gathered = constrain(jnp.take(rows, jnp.maximum(fgram_index, 0), axis=0), ("batch", "seq", "embed"))
         if self.combine == "replace":
             return jnp.where(matched, gathered, x)
         return x + jnp.where(matched, gathered, jnp.zeros_like(gathered))
 
-    def __call__(self, tokens, fgram_index, fgram_tokens, fgram_lengths) -> jax.Array:
-        x = self.input_embeddings(tokens, fgram_index, fgram_tokens, fgram_lengths)
+    def __call__(self, tokens, fgram_index, fgram_groups) -> jax.Array:
+        x = self.input_embeddings(tokens, fgram_index, fgram_groups)
         return self.backbone.logits(self.backbone.hidden(x))

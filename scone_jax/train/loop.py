@@ -18,12 +18,13 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from scone_jax.atomic import atomic_write_json
 from scone_jax.config import Config
 from scone_jax.errors import UserError
 from scone_jax.metrics.flops import peak_flops
 from scone_jax.metrics.writers import MetricsWriter
 from scone_jax.train.checkpoint import Checkpointer
-from scone_jax.train.run_dir import open_run_dir
+from scone_jax.train.run_dir import RUN_INFO_FILE, check_run_dir, save_run_config
 from scone_jax.train.session import evaluate, open_session
 
 
@@ -47,14 +48,16 @@ def train(cfg: Config) -> dict:
     """Train (or resume) the run described by `cfg`; returns a summary dict."""
     is_main = jax.process_index() == 0
     fresh = not Path(cfg.run_dir).exists()
-    run_dir = open_run_dir(cfg, write=False)
+    run_dir = check_run_dir(cfg)
     try:
         session = open_session(cfg, run_dir)
     except BaseException:
         if fresh and is_main:  # bad input found during set-up: leave nothing behind
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
-    open_run_dir(cfg, write=is_main)
+    if is_main:
+        save_run_config(cfg)
+        atomic_write_json(run_dir / RUN_INFO_FILE, session.run_info())
     total = cfg.train.steps
     ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep, cfg.checkpoint.async_save)
     writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard, print_fn=tqdm.write)
@@ -81,22 +84,27 @@ def train(cfg: Config) -> dict:
 
     train_step, eval_step = session.train_step(), session.eval_step()
     tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
-    flops_per_step = session.flops.train_per_token * tokens_per_step
     peak = peak_flops()
+    overflows = 0
     bar = tqdm(total=total, initial=start, desc="train", unit="step", file=sys.stderr,
                disable=not (cfg.logging.progress and is_main), dynamic_ncols=True)
     batches = session.train_stream.iterate(start)
     step, stopped_by = start, None
-    window_start, window_steps = time.perf_counter(), 0
+    window_start, window_steps, window_flops = time.perf_counter(), 0, 0.0
     try:
         with stop_on_signals() as received:
             while step < total:
-                state, metrics = train_step(state, session.to_global(next(batches)))
+                batch = next(batches)
+                state, metrics = train_step(state, session.to_global(batch))
                 metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                if "fgram_stats" in batch:
+                    overflows += batch["fgram_stats"]["fgram_overflow"]
+                    metrics.update(batch["fgram_stats"], fgram_overflow=overflows)
                 step += 1
                 window_steps += 1
+                window_flops += session.flops_per_step(batch)
                 if step == start + 1:  # the first step includes compilation: keep it out of timings
-                    window_start, window_steps = time.perf_counter(), 0
+                    window_start, window_steps, window_flops = time.perf_counter(), 0, 0.0
                 if not math.isfinite(metrics["loss"]):
                     raise TrainingDiverged(
                         f"loss is {metrics['loss']} at step {step} (lr={metrics['lr']:.3g}, "
@@ -105,12 +113,12 @@ def train(cfg: Config) -> dict:
                 if log_now and window_steps:
                     elapsed = time.perf_counter() - window_start
                     step_time = elapsed / window_steps
-                    achieved = flops_per_step / step_time / len(jax.devices())
+                    achieved = window_flops / elapsed / len(jax.devices())
                     metrics.update(step_time_s=step_time, tokens_per_s=tokens_per_step / step_time,
                                    tflops_per_device=achieved / 1e12)
                     if peak:
                         metrics["mfu"] = achieved / peak
-                    window_start, window_steps = time.perf_counter(), 0
+                    window_start, window_steps, window_flops = time.perf_counter(), 0, 0.0
                     bar.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
                 writer.write(step, metrics, echo=log_now)
                 summary["final_loss"] = metrics["loss"]
@@ -120,7 +128,7 @@ def train(cfg: Config) -> dict:
                     for name, result in evaluate(session, eval_step, state["params"]).items():
                         writer.write(step, {"set": name, **result}, kind="eval")
                         summary.setdefault("eval", {})[name] = result
-                    window_start, window_steps = time.perf_counter(), 0
+                    window_start, window_steps, window_flops = time.perf_counter(), 0, 0.0
                 if received:
                     stopped_by = signal.Signals(received[0]).name
                     break

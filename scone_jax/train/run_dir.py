@@ -13,6 +13,7 @@ from scone_jax.config import Config, load_config, save_config, to_dict
 from scone_jax.errors import UserError
 
 CONFIG_FILE = "config.yaml"
+RUN_INFO_FILE = "run_info.json"  # what later stages need without the data pipeline (export, serve)
 # keys that may change between restarts of the same run
 MUTABLE_PREFIXES = ("logging.", "train.eval_every", "train.eval_batches", "train.log_every",
                     "checkpoint.every", "checkpoint.keep", "checkpoint.async_save", "data.eval_datasets")
@@ -34,8 +35,8 @@ def config_differences(old: Config, new: Config) -> list[str]:
             if a.get(k) != b.get(k) and not k.startswith(MUTABLE_PREFIXES)]
 
 
-def open_run_dir(cfg: Config, write: bool = True) -> Path:
-    """Create the run dir (or check the existing one matches `cfg`) and save the resolved config."""
+def check_run_dir(cfg: Config) -> Path:
+    """The run dir of `cfg`, after checking that an existing one holds the same run."""
     run_dir = Path(cfg.run_dir)
     saved = run_dir / CONFIG_FILE
     if saved.is_file():
@@ -46,10 +47,12 @@ def open_run_dir(cfg: Config, write: bool = True) -> Path:
     elif run_dir.exists() and any(run_dir.iterdir()):
         raise UserError(f"run_dir {run_dir} exists and is not a scone_jax run directory (no {CONFIG_FILE}); "
                         "expected a new or empty directory")
-    if write:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, saved)
     return run_dir
+
+
+def save_run_config(cfg: Config) -> None:
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    save_config(cfg, Path(cfg.run_dir) / CONFIG_FILE)
 
 
 def load_run_config(run_dir: str | Path) -> Config:

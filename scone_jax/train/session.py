@@ -14,16 +14,28 @@ from jax.sharding import Mesh
 
 from scone_jax.config import Config
 from scone_jax.data.dataset import TokenizedDataset
+from scone_jax.data.fgram_batches import (
+    FgramInputs,
+    global_fgram_index,
+    group_key,
+    pad_rows,
+    prepare_fgram_inputs,
+)
 from scone_jax.data.pipeline import BatchStream, WindowSource, eval_batches, split_documents
 from scone_jax.data.prepare import prepare_dataset
+from scone_jax.dist.distributed import barrier
 from scone_jax.dist.mesh import make_mesh
 from scone_jax.dist.rules import MeshAxes, make_rules
 from scone_jax.errors import UserError
-from scone_jax.metrics.flops import ModelFlops, model_flops
+from scone_jax.metrics.flops import ModelFlops, fgram_forward_per_row, model_flops
 from scone_jax.model import Transformer
+from scone_jax.model.scone import SconeModel
 from scone_jax.train.optimizer import make_optimizer
 from scone_jax.train.state import TrainSetup, setup_train_state
 from scone_jax.train.step import batch_shardings, make_eval_step, make_train_step
+
+
+CALIBRATION_BATCHES = 8
 
 
 @dataclass
@@ -41,11 +53,44 @@ class Session:
     flops: ModelFlops
     schedule: object
     tx: object
+    fgrams: FgramInputs | None = None
 
     def to_global(self, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        """Process-local rows -> global arrays sharded over the data axes."""
+        """Process-local rows -> global arrays sharded over the data axes.
+
+        With several processes, every host's f-gram buffer is padded to the largest one (all
+        must agree on shapes), and positions point into their own host's slice of it.
+        """
+        if "fgram_index" in local_batch and jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            lengths = range(2, self.cfg.fgrams.max_n + 1)
+            have = np.array([local_batch[group_key(n)].shape[0] for n in lengths], np.int64)
+            most = np.max(multihost_utils.process_allgather(have), axis=0)
+            local_batch = pad_rows(local_batch, dict(zip(lengths, most.tolist(), strict=True)))
+            local_batch = {**local_batch, "fgram_index": global_fgram_index(
+                local_batch["fgram_index"], most, jax.process_index(), jax.process_count())}
         return {k: jax.make_array_from_process_local_data(sh, np.asarray(local_batch[k]))
                 for k, sh in self.batch_sharding.items()}
+
+    def run_info(self) -> dict:
+        info = {"vocab_size": self.vocab_size, "dataset": str(Path(self.dataset.path).absolute()),
+                "tokenizer_sha256": self.dataset.tokenizer_sha256,
+                "params": self.flops.params_total, "params_non_embedding": self.flops.params_non_embedding}
+        if self.fgrams is not None:
+            info.update(fgram_set=str(Path(self.fgrams.fgram_set.path).absolute()),
+                        fgram_set_fingerprint=self.fgrams.fgram_set.fingerprint)
+        return info
+
+    def flops_per_step(self, batch: dict[str, np.ndarray] | None = None) -> float:
+        """Training FLOPs of one step; the f-gram model counts on the buffer rows computed."""
+        tokens = self.cfg.train.batch_size * self.cfg.data.seq_len
+        flops = self.flops.train_per_token * tokens
+        if self.fgrams is not None and batch is not None:
+            for n in range(2, self.cfg.fgrams.max_n + 1):
+                rows = batch[group_key(n)].shape[0] * jax.process_count()
+                flops += 3 * fgram_forward_per_row(self.cfg.fgrams, self.cfg.model, n) * rows
+        return flops
 
     def train_step(self):
         return make_train_step(self.setup.handle, self.tx, self.schedule, self.mesh, self.rules,
@@ -57,25 +102,45 @@ class Session:
 
 
 def _named_eval_sets(cfg: Config, dataset: TokenizedDataset, eval_ids: np.ndarray, batch: int,
-                     extra: list[str]) -> dict[str, list]:
+                     extra: list[str], fgrams: FgramInputs | None) -> dict[str, list]:
     pid, nproc = jax.process_index(), jax.process_count()
     sets = {}
     if len(eval_ids):
         sets["heldout"] = eval_batches(WindowSource(dataset, eval_ids, cfg.data.seq_len), batch,
-                                       cfg.train.eval_batches, pid, nproc)
+                                       cfg.train.eval_batches, pid, nproc,
+                                       transform=fgrams.batcher if fgrams else None)
     for path in extra:
         other = TokenizedDataset.open(path)
         if other.tokenizer_sha256 != dataset.tokenizer_sha256:
             raise UserError(f"eval dataset {path} was tokenized with tokenizer {other.tokenizer_sha256[:12]}, "
                             f"but the run uses {dataset.tokenizer_sha256[:12]}")
         name = Path(path).name
+        transform = fgrams.batcher_for(other) if fgrams else None
         sets[name] = eval_batches(WindowSource(other, np.arange(other.num_docs), cfg.data.seq_len), batch,
-                                  cfg.train.eval_batches, pid, nproc)
+                                  cfg.train.eval_batches, pid, nproc, transform=transform)
     return sets
 
 
+def build_model_fn(cfg: Config, vocab: int):
+    """The model constructor for this config: the backbone, or the backbone + f-gram model."""
+    if cfg.fgrams.enabled:
+        return lambda rngs: SconeModel(cfg.model, cfg.fgrams, vocab, rngs=rngs)
+    return lambda rngs: Transformer(cfg.model, vocab, rngs=rngs)
+
+
+def _prepare_dataset(cfg: Config, run_dir: Path) -> TokenizedDataset:
+    """Process 0 tokenizes (when the run has no dataset yet); the others wait for it, then open it."""
+    if jax.process_count() == 1:
+        return prepare_dataset(cfg.data, run_dir, progress=cfg.logging.progress)
+    barrier("run-dir-checked")  # no process checks the run dir after process 0 starts writing into it
+    if jax.process_index() == 0:
+        dataset = prepare_dataset(cfg.data, run_dir, progress=cfg.logging.progress)
+    barrier("dataset-ready")
+    return dataset if jax.process_index() == 0 else prepare_dataset(cfg.data, run_dir, progress=False)
+
+
 def open_session(cfg: Config, run_dir: Path, extra_eval: list[str] | None = None) -> Session:
-    dataset = prepare_dataset(cfg.data, run_dir, progress=cfg.logging.progress and jax.process_index() == 0)
+    dataset = _prepare_dataset(cfg, run_dir)
     vocab = cfg.model.vocab_size or dataset.vocab_size
     if vocab < dataset.vocab_size:
         raise UserError(f"model.vocab_size={vocab} is smaller than the dataset's vocabulary ({dataset.vocab_size})")
@@ -86,18 +151,28 @@ def open_session(cfg: Config, run_dir: Path, extra_eval: list[str] | None = None
                         f"mesh size data*fsdp={data_parallel}")
     rules = make_rules(cfg.mesh.rules)
     tx, schedule = make_optimizer(cfg.optim, cfg.train.steps)
-    setup = setup_train_state(lambda rngs: Transformer(cfg.model, vocab, rngs=rngs), tx, cfg.train.seed,
-                              mesh, rules)
+    setup = setup_train_state(build_model_fn(cfg, vocab), tx, cfg.train.seed, mesh, rules)
     train_ids, eval_ids = split_documents(dataset.num_docs, cfg.data.eval_fraction, cfg.data.seed)
+    fgrams = None
+    if cfg.fgrams.enabled:
+        fgrams = prepare_fgram_inputs(
+            cfg.fgrams, dataset, train_ids, run_dir,
+            positions_per_host=cfg.train.batch_size // jax.process_count() * cfg.data.seq_len,
+            row_multiple=data_parallel, progress=cfg.logging.progress and jax.process_index() == 0)
     stream = BatchStream(WindowSource(dataset, train_ids, cfg.data.seq_len), cfg.train.batch_size,
                          seed=cfg.train.seed, process_index=jax.process_index(),
-                         process_count=jax.process_count())
+                         process_count=jax.process_count(), transform=fgrams.batcher if fgrams else None)
+    if fgrams is not None and not cfg.fgrams.capacity:
+        # deterministic: the first batches of the run, whatever step a resume starts at
+        fgrams.batcher.calibrate(stream.raw_batch(k) for k in range(CALIBRATION_BATCHES))
     eval_sets = _named_eval_sets(cfg, dataset, eval_ids, cfg.train.batch_size,
-                                 list(cfg.data.eval_datasets) + list(extra_eval or []))
+                                 list(cfg.data.eval_datasets) + list(extra_eval or []), fgrams)
     return Session(cfg=cfg, run_dir=run_dir, dataset=dataset, vocab_size=vocab, mesh=mesh, rules=rules,
-                   setup=setup, batch_sharding=batch_shardings(mesh, rules, cfg.train.batch_size, cfg.data.seq_len),
+                   setup=setup, batch_sharding=batch_shardings(mesh, rules, cfg.train.batch_size, cfg.data.seq_len,
+                                                               cfg.fgrams.max_n if cfg.fgrams.enabled else None),
                    train_stream=stream, eval_sets=eval_sets,
-                   flops=model_flops(cfg.model, vocab, cfg.data.seq_len), schedule=schedule, tx=tx)
+                   flops=model_flops(cfg.model, vocab, cfg.data.seq_len), schedule=schedule, tx=tx,
+                   fgrams=fgrams)
 
 
 def evaluate(session: Session, eval_step, params) -> dict[str, dict[str, float]]:

@@ -14,28 +14,36 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding
 
+from scone_jax.data.fgram_batches import group_key
 from scone_jax.dist.rules import MeshAxes, activation_sharding, logical_to_spec, named_sharding
 from scone_jax.train.state import ModelHandle
 
 BATCH_AXES = {"inputs": ("batch", "seq"), "targets": ("batch", "seq")}
-# SCONE batches also carry the f-gram buffer (data/fgram_batches.py), sharded like a batch
-FGRAM_AXES = {"fgram_index": ("batch", "seq"), "fgram_tokens": ("fgram/batch", None),
-              "fgram_lengths": ("fgram/batch",)}
 
 
 def batch_shardings(mesh: Mesh, rules: Mapping[str, MeshAxes], batch_size: int, seq_len: int,
-                    scone: bool = False):
+                    max_n: int | None = None):
+    """Shardings of a batch; SCONE batches (`max_n` set) also carry `fgram_index` and one
+    f-gram buffer per length (data/fgram_batches.py), whose rows shard like a batch."""
     out = {k: named_sharding(v, (batch_size, seq_len), mesh, rules) for k, v in BATCH_AXES.items()}
-    if scone:
-        # the buffer's row count varies by batch but is always a multiple of the data-parallel size
-        out.update({k: NamedSharding(mesh, logical_to_spec(v, rules)) for k, v in FGRAM_AXES.items()})
+    if max_n:
+        out["fgram_index"] = named_sharding(("batch", "seq"), (batch_size, seq_len), mesh, rules)
+        rows = NamedSharding(mesh, logical_to_spec(("fgram/batch", None), rules))
+        out.update({group_key(n): rows for n in range(2, max_n + 1)})
     return out
+
+
+def model_inputs(batch) -> dict:
+    if "fgram_index" not in batch:
+        return {}
+    groups = tuple(batch[k] for k in sorted((k for k in batch if k.startswith("fgram_tokens_")),
+                                            key=lambda k: int(k.rsplit("_", 1)[1])))
+    return {"fgram_index": batch["fgram_index"], "fgram_groups": groups}
 
 
 def token_losses(handle: ModelHandle, params, batch) -> jax.Array:
     """Per-token next-token cross entropy [B, T] in float32."""
-    extra = {k: batch[k] for k in FGRAM_AXES if k in batch}
-    logits = handle.merge(params)(batch["inputs"], **extra)
+    logits = handle.merge(params)(batch["inputs"], **model_inputs(batch))
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
 
 

@@ -11,6 +11,7 @@ from scone_jax.config import FgramConfig, ModelConfig
 from scone_jax.data.fgram_batches import FgramBatcher
 from scone_jax.model import Transformer
 from scone_jax.model.scone import SconeModel
+from scone_jax.train.step import model_inputs
 
 VOCAB, K, T = 40, 4, 16
 BACKBONE = {
@@ -38,26 +39,31 @@ def random_batch(rng, batch, num_tokens, set_size, match_prob=0.6):
 def loss_and_grads(model, batch):
     graphdef, params = nnx.split(model)
 
+    inputs = jax.tree.map(jnp.asarray, model_inputs(batch))
+
     def loss(p):
         m = nnx.merge(graphdef, p)
-        logits = m(jnp.asarray(batch["inputs"]), jnp.asarray(batch["fgram_index"]),
-                   jnp.asarray(batch["fgram_tokens"]), jnp.asarray(batch["fgram_lengths"]))
+        logits = m(jnp.asarray(batch["inputs"]), **inputs)
         return optax.softmax_cross_entropy_with_integer_labels(logits, jnp.asarray(batch["targets"])).mean()
 
     return jax.jit(jax.value_and_grad(loss))(params)
 
 
-@pytest.mark.parametrize("family, combine, capacity", [  # capacity 8 < distinct f-grams: overflow
-    ("gpt2", "replace", 512), ("gpt2", "add", 8), ("llama", "replace", 8), ("llama", "add", 512)])
+@pytest.mark.parametrize("family, combine, capacity", [  # capacity 4 < f-grams per length: overflow
+    ("gpt2", "replace", 512), ("gpt2", "add", 4), ("llama", "replace", 4), ("llama", "add", 512)])
 def test_dedup_and_plain_give_the_same_loss_and_gradients(family, combine, capacity, rng):
     fcfg = FgramConfig(enabled=True, max_n=K, combine=combine, d_model=24 if family == "gpt2" else 0)
     model = SconeModel(BACKBONE[family], fcfg, VOCAB, rngs=nnx.Rngs(int(rng.integers(1 << 30))))
     set_tokens, set_lengths = random_fgram_set(rng, 30)
     batch, tag_ids, tag_lengths = random_batch(rng, 4, 500, 30)
-    dedup = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, capacity=capacity, dedup=True)(batch)
-    plain = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, capacity=capacity, dedup=False)(batch)
-    assert dedup["fgram_index"].max() < plain["fgram_index"].max()  # fewer rows computed
-    assert dedup["fgram_stats"]["fgram_overflow"] == int(capacity == 8)
+    caps = {n: capacity for n in range(2, K + 1)}
+    dedup = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, granule=4, capacity=caps)(batch)
+    plain = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, granule=4, capacity=caps,
+                         dedup=False)(batch)
+    assert len(np.unique(dedup["fgram_index"])) < len(np.unique(plain["fgram_index"]))  # fewer rows
+    assert (dedup["fgram_stats"]["fgram_overflow"] > 0) == (capacity == 4)
+    for n in range(2, K + 1):  # no padding to K: each length has its own buffer
+        assert dedup[f"fgram_tokens_{n}"].shape[1] == n
     (la, ga), (lb, gb) = loss_and_grads(model, dedup), loss_and_grads(model, plain)
     np.testing.assert_allclose(la, lb, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
@@ -73,7 +79,7 @@ def test_no_matches_is_exactly_the_baseline(family, rng):
     base = Transformer(BACKBONE[family], VOCAB, rngs=nnx.Rngs(seed))
     set_tokens, set_lengths = random_fgram_set(rng, 5)
     batch, tag_ids, tag_lengths = random_batch(rng, 2, 300, 5, match_prob=0.0)
-    batch = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, capacity=8)(batch)
+    batch = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, granule=4)(batch)
     ls, _ = loss_and_grads(scone, batch)
     graphdef, params = nnx.split(base)
 
@@ -95,11 +101,12 @@ def test_fgram_embedding_does_not_depend_on_the_window(rng):
     index_a = np.full((1, T), -1, np.int32)
     index_b = index_a.copy()
     index_a[0, 3], index_b[0, 11] = 0, 0
-    ft, fl = jnp.asarray(np.maximum(fgram, 0), jnp.int32), jnp.asarray([3], jnp.int32)
-    ea = model.input_embeddings(jnp.asarray(tokens_a), jnp.asarray(index_a), ft, fl)
-    eb = model.input_embeddings(jnp.asarray(tokens_b), jnp.asarray(index_b), ft, fl)
+    groups = (jnp.asarray(fgram[:, :3], jnp.int32),)  # one buffer: length 3
+    ea = model.input_embeddings(jnp.asarray(tokens_a), jnp.asarray(index_a), groups)
+    eb = model.input_embeddings(jnp.asarray(tokens_b), jnp.asarray(index_b), groups)
     np.testing.assert_array_equal(np.asarray(ea[0, 3]), np.asarray(eb[0, 11]))
-    # and padding beyond the f-gram's length does not matter either
-    other_pad = jnp.asarray([[5, 9, 2, 17]], jnp.int32)
-    np.testing.assert_array_equal(np.asarray(model.fgram_embeddings(ft, fl)),
-                                  np.asarray(model.fgram_embeddings(other_pad, fl)))
+    # right padding beyond the f-gram's length (the export's K-wide form) does not matter either
+    lengths = jnp.asarray([3], jnp.int32)
+    for pad in ([5, 9, 2, 0], [5, 9, 2, 17]):
+        np.testing.assert_allclose(np.asarray(model.fgram_embeddings(jnp.asarray([pad], jnp.int32), lengths)),
+                                   np.asarray(ea[0, 3:4]), rtol=1e-6)

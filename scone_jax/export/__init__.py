@@ -1,0 +1,1 @@
+"""Export: the f-gram table (tensorstore, any kvstore) and the backbone for serving."""

@@ -1,0 +1,68 @@
+"""Restore a run's parameters (no data pipeline) for export and serving."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+from jax.sharding import Mesh
+
+from scone_jax.config import Config
+from scone_jax.dist.mesh import make_mesh
+from scone_jax.dist.rules import make_rules
+from scone_jax.errors import UserError
+from scone_jax.train.checkpoint import Checkpointer
+from scone_jax.train.optimizer import make_optimizer
+from scone_jax.train.run_dir import CONFIG_FILE, RUN_INFO_FILE, load_run_config
+from scone_jax.train.session import build_model_fn
+from scone_jax.train.state import ModelHandle, setup_train_state
+
+
+@dataclass
+class RunParams:
+    cfg: Config
+    info: dict[str, Any]
+    step: int
+    handle: ModelHandle
+    params: Any  # pure dict, sharded over `mesh`
+    mesh: Mesh
+    rules: dict
+    fingerprint: str  # identifies (run, step): the config, the run info and the step
+
+    def model(self):
+        return self.handle.merge(self.params)
+
+
+def load_run_params(run_dir: str | Path, step: int | None = None, mesh: Mesh | None = None) -> RunParams:
+    run_dir = Path(run_dir)
+    cfg = load_run_config(run_dir)
+    info_path = run_dir / RUN_INFO_FILE
+    if not info_path.is_file():
+        raise UserError(f"{run_dir} has no {RUN_INFO_FILE} (expected a run directory made by `scone-jax train`)")
+    info = json.loads(info_path.read_text())
+    mesh = mesh or make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+    rules = make_rules(cfg.mesh.rules)
+    tx, _ = make_optimizer(cfg.optim, cfg.train.steps)
+    setup = setup_train_state(build_model_fn(cfg, info["vocab_size"]), tx, cfg.train.seed, mesh, rules)
+    ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep, async_save=False)
+    try:
+        step = ckpt.latest_step() if step is None else step
+        if step is None:
+            raise UserError(f"run {run_dir} has no checkpoint")
+        if step not in ckpt.manager.all_steps():
+            raise UserError(f"run {run_dir} has no checkpoint at step {step} (has {sorted(ckpt.manager.all_steps())})")
+        state = ckpt.restore(setup.abstract_state, setup.shardings, step)
+    finally:
+        ckpt.close()
+    digest = hashlib.sha256((run_dir / CONFIG_FILE).read_bytes() + info_path.read_bytes() + str(step).encode())
+    return RunParams(cfg=cfg, info=info, step=step, handle=setup.handle, params=state["params"], mesh=mesh,
+                     rules=rules, fingerprint=digest.hexdigest())
+
+
+def host_params(params) -> Any:
+    """A fully-replicated host copy (numpy) of sharded params."""
+    return jax.tree.map(lambda x: jax.device_get(x), params)

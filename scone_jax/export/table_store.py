@@ -1,0 +1,143 @@
+"""The on-storage format of an exported f-gram table, on any tensorstore kvstore.
+
+A table at URL (a local path, or file://, memory://, gs://BUCKET/..., s3://BUCKET/...):
+
+    rows/        zarr3 [S, d] float32 | bfloat16 | int8, sharded files of `shard_rows` rows,
+                 read in inner chunks of `chunk_rows` rows, each with a crc32c checksum
+    scales/      zarr3 [S] float32, per-row scales (int8 only): row = int8 * scale
+    keys/        zarr3 [S] uint64, the f-gram keys sorted;  key_ids/ [S] int64, their row ids
+    progress.json  finished row ranges and their checksums (during export only)
+    meta.json    written last: K, S, d, dtype, combine, fingerprints, checksum
+
+A table is complete exactly when `meta.json` exists: readers refuse anything else. On a local
+filesystem the export also writes into `PATH.partial` and renames it when done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorstore as ts
+
+from scone_jax.errors import UserError
+
+FORMAT_VERSION = 1
+ROW_DTYPES = ("float32", "bfloat16", "int8")
+META = "meta.json"
+PROGRESS = "progress.json"
+# memory:// tables live as long as this process; one shared context keeps them visible
+_CONTEXT = ts.Context()
+
+
+@dataclass(frozen=True)
+class Location:
+    """A table location: a kvstore spec for the directory, plus a local path when there is one."""
+
+    url: str
+    kvstore: dict[str, Any]
+    local_path: Path | None
+
+    def child(self, name: str) -> dict[str, Any]:
+        spec = dict(self.kvstore)
+        spec["path"] = spec.get("path", "") + name + "/"
+        return spec
+
+
+def parse_location(url: str) -> Location:
+    url = str(url)
+    if "://" not in url or url.startswith("file://"):
+        path = Path(url.removeprefix("file://")).absolute()
+        return Location(url, {"driver": "file", "path": str(path) + "/"}, path)
+    scheme, rest = url.split("://", 1)
+    if scheme == "memory":
+        return Location(url, {"driver": "memory", "path": rest.rstrip("/") + "/"}, None)
+    if scheme in ("gs", "s3"):
+        bucket, _, path = rest.partition("/")
+        driver = "gcs" if scheme == "gs" else "s3"
+        return Location(url, {"driver": driver, "bucket": bucket, "path": path.rstrip("/") + "/"}, None)
+    raise UserError(f"table URL {url!r} has an unknown scheme (expected a path, file://, memory://, gs:// or s3://)")
+
+
+def kvstore(loc: Location) -> ts.KvStore:
+    return ts.KvStore.open(loc.kvstore, context=_CONTEXT).result()
+
+
+def read_json(loc: Location, key: str) -> dict | None:
+    value = kvstore(loc).read(key).result()
+    if value.state != "value":
+        return None
+    try:
+        return json.loads(bytes(value.value))
+    except ValueError as e:
+        raise UserError(f"{loc.url}/{key} is corrupt: {e}") from None
+
+
+def write_json(loc: Location, key: str, obj: dict) -> None:
+    kvstore(loc).write(key, json.dumps(obj, indent=2, sort_keys=True).encode()).result()
+
+
+def array_spec(loc: Location, name: str, shape, dtype: str, chunk_rows: int, shard_rows: int) -> dict:
+    inner = [chunk_rows, *shape[1:]]
+    outer = [shard_rows, *shape[1:]]
+    return {
+        "driver": "zarr3",
+        "kvstore": loc.child(name),
+        "metadata": {
+            "shape": list(shape),
+            "data_type": dtype,
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": outer}},
+            "codecs": [{"name": "sharding_indexed", "configuration": {
+                "chunk_shape": inner,
+                "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+                "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+            }}],
+        },
+    }
+
+
+def create_array(loc: Location, name: str, shape, dtype: str, chunk_rows: int, shard_rows: int):
+    spec = {**array_spec(loc, name, shape, dtype, chunk_rows, shard_rows), "create": True, "open": True}
+    return ts.open(spec, context=_CONTEXT).result()
+
+
+def open_array(loc: Location, name: str, context: ts.Context | None = None):
+    spec = {"driver": "zarr3", "kvstore": loc.child(name), "fill_missing_data_reads": False}
+    try:
+        return ts.open(spec, context=context or _CONTEXT, read=True).result()
+    except Exception as e:  # tensorstore raises ValueError subclasses with status text
+        raise UserError(f"table array {loc.url}/{name} cannot be opened: {str(e).splitlines()[0]}") from None
+
+
+def quantize(rows: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """float32 rows -> the stored dtype (and per-row scales for int8)."""
+    if dtype == "float32":
+        return rows.astype(np.float32), None
+    if dtype == "bfloat16":
+        return rows.astype(ts.bfloat16.numpy_dtype), None
+    scale = np.abs(rows).max(axis=1) / 127.0
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    return np.clip(np.rint(rows / scale[:, None]), -127, 127).astype(np.int8), scale
+
+
+def dequantize(stored: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
+    rows = np.asarray(stored).astype(np.float32)
+    return rows * scale[:, None] if scale is not None else rows
+
+
+def range_checksum(stored: np.ndarray, scale: np.ndarray | None) -> str:
+    h = hashlib.sha256(np.ascontiguousarray(stored).tobytes())
+    if scale is not None:
+        h.update(np.ascontiguousarray(scale).tobytes())
+    return h.hexdigest()
+
+
+def combine_checksums(ranges: list[tuple[int, int, str]]) -> str:
+    h = hashlib.sha256()
+    for a, b, digest in sorted(ranges):
+        h.update(f"{a}:{b}:{digest};".encode())
+    return h.hexdigest()

@@ -1,0 +1,163 @@
+"""F-gram table tiers behind one interface: `device` (gather inside jit), `host` (RAM), `disk`
+(tensorstore reads through a bounded cache). All return float32 rows for row ids.
+
+Opening checks that the table is complete (meta.json present), that its shapes agree with
+its metadata, and, for tiers that read everything (device, host), its checksum; the disk
+tier relies on per-chunk crc32c checks as rows are read. Every failure is a one-line error.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tensorstore as ts
+
+from scone_jax.errors import UserError
+from scone_jax.export.table_store import (
+    FORMAT_VERSION,
+    META,
+    Location,
+    combine_checksums,
+    dequantize,
+    open_array,
+    parse_location,
+    range_checksum,
+    read_json,
+)
+
+TIERS = ("device", "host", "disk")
+
+
+def read_meta(url: str) -> tuple[Location, dict]:
+    loc = parse_location(url)
+    meta = read_json(loc, META)
+    if meta is None:
+        raise UserError(f"{url} is not a complete f-gram table (no {META}; an export may be unfinished)")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise UserError(f"{url}/{META}: format_version={meta.get('format_version')!r} (expected {FORMAT_VERSION})")
+    return loc, meta
+
+
+def _read(array, what: str, url: str, index=None) -> np.ndarray:
+    try:
+        view = array if index is None else array.oindex[index]
+        return np.asarray(view.read().result())
+    except UserError:
+        raise
+    except Exception as e:  # tensorstore reports missing or corrupt chunks as ValueError-like errors
+        raise UserError(f"table {url}: reading {what} failed: {str(e).splitlines()[0][:300]}") from None
+
+
+@dataclass
+class Table(ABC):
+    """Common state: metadata, the key index, and `gather(ids) -> float32 [n, d]`."""
+
+    url: str
+    meta: dict[str, Any]
+    keys: np.ndarray  # sorted uint64 f-gram keys
+    key_ids: np.ndarray  # row id of each key
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.meta["num_rows"])
+
+    @property
+    def width(self) -> int:
+        return int(self.meta["width"])
+
+    @abstractmethod
+    def gather(self, ids: np.ndarray) -> np.ndarray:
+        """float32 rows [*ids.shape, d] for row ids (all >= 0)."""
+
+    def check_compatible(self, width: int, tokenizer_sha256: str | None = None,
+                         checkpoint_fingerprint: str | None = None) -> None:
+        if self.width != width:
+            raise UserError(f"table {self.url} has width {self.width}, but the model's embeddings have width {width}")
+        if tokenizer_sha256 and self.meta.get("tokenizer_sha256") != tokenizer_sha256:
+            raise UserError(f"table {self.url} was made with tokenizer {str(self.meta.get('tokenizer_sha256'))[:12]}, "
+                            f"not {tokenizer_sha256[:12]}")
+        if checkpoint_fingerprint and self.meta.get("checkpoint_fingerprint") != checkpoint_fingerprint:
+            raise UserError(f"table {self.url} was exported from checkpoint "
+                            f"{str(self.meta.get('checkpoint_fingerprint'))[:12]}, not {checkpoint_fingerprint[:12]}")
+
+
+def _load_index(loc: Location, meta: dict, url: str) -> tuple[np.ndarray, np.ndarray]:
+    keys = _read(open_array(loc, "keys"), "keys", url)
+    key_ids = _read(open_array(loc, "key_ids"), "key_ids", url)
+    if keys.shape != (meta["num_rows"],) or key_ids.shape != keys.shape:
+        raise UserError(f"table {url}: key index has {keys.shape[0]} entries, expected {meta['num_rows']}")
+    return keys, key_ids
+
+
+def _read_all_verified(loc: Location, meta: dict, url: str) -> tuple[np.ndarray, np.ndarray | None]:
+    rows_arr = open_array(loc, "rows")
+    if tuple(rows_arr.shape) != (meta["num_rows"], meta["width"]):
+        raise UserError(f"table {url}: rows have shape {tuple(rows_arr.shape)}, meta says "
+                        f"({meta['num_rows']}, {meta['width']})")
+    stored = _read(rows_arr, "rows", url)
+    scale = _read(open_array(loc, "scales"), "scales", url) if meta["dtype"] == "int8" else None
+    ranges = []
+    for a, b in meta["ranges"]:
+        ranges.append((a, b, range_checksum(stored[a:b], None if scale is None else scale[a:b])))
+    if combine_checksums(ranges) != meta["checksum"]:
+        raise UserError(f"table {url} fails its checksum (the rows differ from what was exported)")
+    return stored, scale
+
+
+class HostTable(Table):
+    """The whole table in host RAM (stored dtype; int8 rows are dequantized per gather)."""
+
+    def __init__(self, url: str):
+        loc, meta = read_meta(url)
+        super().__init__(url, meta, *_load_index(loc, meta, url))
+        self.stored, self.scale = _read_all_verified(loc, meta, url)
+
+    def gather(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids)
+        return dequantize(self.stored[ids], None if self.scale is None else self.scale[ids])
+
+
+class DeviceTable(HostTable):
+    """A small table on the accelerator: `device_rows` is gathered inside jit."""
+
+    def __init__(self, url: str):
+        super().__init__(url)
+        self.device_rows = jax.device_put(jnp.asarray(self.gather(np.arange(self.num_rows))))
+
+
+class DiskTable(Table):
+    """Rows read from storage on demand, through a tensorstore cache of `cache_bytes`."""
+
+    def __init__(self, url: str, cache_bytes: int = 256 << 20):
+        loc, meta = read_meta(url)
+        super().__init__(url, meta, *_load_index(loc, meta, url))
+        context = ts.Context({"cache_pool": {"total_bytes_limit": int(cache_bytes)}})
+        self.rows = open_array(loc, "rows", context)
+        if tuple(self.rows.shape) != (meta["num_rows"], meta["width"]):
+            raise UserError(f"table {url}: rows have shape {tuple(self.rows.shape)}, meta says "
+                            f"({meta['num_rows']}, {meta['width']})")
+        self.scale = _read(open_array(loc, "scales"), "scales", url) if meta["dtype"] == "int8" else None
+
+    def gather(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids, np.int64)
+        if ids.size == 0:
+            return np.zeros((0, self.width), np.float32)
+        unique, inverse = np.unique(ids, return_inverse=True)  # each row fetched once
+        stored = _read(self.rows, "rows", self.url, (unique,))
+        rows = dequantize(stored, None if self.scale is None else self.scale[unique])
+        return rows[inverse.reshape(ids.shape)]
+
+
+def open_table(url: str, tier: str = "host", cache_bytes: int = 256 << 20) -> Table:
+    if tier == "host":
+        return HostTable(url)
+    if tier == "device":
+        return DeviceTable(url)
+    if tier == "disk":
+        return DiskTable(url, cache_bytes)
+    raise UserError(f"table tier {tier!r} (expected one of {TIERS})")
