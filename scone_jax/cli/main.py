@@ -12,7 +12,7 @@ import sys
 
 from scone_jax.errors import UserError
 
-COMMANDS = ("tokenize", "fgrams", "train", "eval", "demo")
+COMMANDS = ("tokenize", "fgrams", "train", "eval", "export", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

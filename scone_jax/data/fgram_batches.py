@@ -101,6 +101,7 @@ class FgramBatcher:
             index[matched] = slots
         n_matched = int(matched.sum())
         out["fgram_index"] = index
+        out["fgram_ids"] = ids.astype(np.int32)  # host-side only: what serving looks up
         out["fgram_stats"] = {
             "match_rate": n_matched / ids.size,
             "distinct_ratio": len(np.unique(ids[matched])) / n_matched if n_matched else 0.0,

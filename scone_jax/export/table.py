@@ -25,11 +25,13 @@ from scone_jax.errors import UserError
 from scone_jax.export.checkpoint_params import RunParams, load_run_params
 from scone_jax.export.table_store import (
     FORMAT_VERSION,
+    FGRAM_SET_DIR,
     META,
     PROGRESS,
     ROW_DTYPES,
     combine_checksums,
     create_array,
+    kvstore,
     parse_location,
     quantize,
     range_checksum,
@@ -97,7 +99,7 @@ def export_table(run_dir: str | Path, url: str, dtype: str = "float32", step: in
         "max_n": fgram_set.max_n, "combine": run.cfg.fgrams.combine,
         "tokenizer_sha256": run.info["tokenizer_sha256"], "fgram_set_fingerprint": fgram_set.fingerprint,
         "checkpoint_fingerprint": run.fingerprint, "checkpoint_step": run.step,
-        "key_seed": fgram_set.key_seed, "range_rows": range_rows,
+        "range_rows": range_rows,
     }
     work = parse_location(str(final.local_path) + ".partial") if final.local_path else final
     if final.local_path and final.local_path.exists() and overwrite:
@@ -141,14 +143,15 @@ def export_table(run_dir: str | Path, url: str, dtype: str = "float32", step: in
         multihost_utils.sync_global_devices("scone_export_rows_written")
     if jax.process_index() != 0:
         return {"complete": None, "rows_computed": computed}
-    # the key index (f-gram keys sorted, and their row ids) travels with the table
-    create_array(work, "keys", (num_rows,), "uint64", 1 << 16, 1 << 20)[...].write(fgram_set.keys).result()
-    create_array(work, "key_ids", (num_rows,), "int64", 1 << 16, 1 << 20)[...].write(fgram_set.key_ids).result()
+    # the f-gram set (tokens, keys and their ids: the key index) travels with the table
+    store = kvstore(work)
+    for path in sorted(Path(fgram_set.path).iterdir()):
+        if path.is_file() and (path.suffix == ".npy" or path.name == "meta.json"):
+            store.write(f"{FGRAM_SET_DIR}/{path.name}", path.read_bytes()).result()
     done = [tuple(r) for p in range(jax.process_count()) for r in (read_json(work, f"{PROGRESS}.{p}") or {"done": []})["done"]]
     if sorted((a, b) for a, b, _ in done) != ranges:
         raise UserError(f"export to {url} is missing row ranges after all processes finished")
     meta = {**header, "ranges": [[a, b] for a, b, _ in sorted(done)], "checksum": combine_checksums(done),
-            "key_vocab": fgram_set.key_vocab,
             "rows_per_s": computed * jax.process_count() / elapsed if elapsed > 0 and computed else None}
     write_json(work, META, meta)  # the commit point for object stores
     if final.local_path:

@@ -5,7 +5,8 @@ A table at URL (a local path, or file://, memory://, gs://BUCKET/..., s3://BUCKE
     rows/        zarr3 [S, d] float32 | bfloat16 | int8, sharded files of `shard_rows` rows,
                  read in inner chunks of `chunk_rows` rows, each with a crc32c checksum
     scales/      zarr3 [S] float32, per-row scales (int8 only): row = int8 * scale
-    keys/        zarr3 [S] uint64, the f-gram keys sorted;  key_ids/ [S] int64, their row ids
+    fgram_set/   a copy of the f-gram set (its .npy arrays and meta.json): the tokens of each
+                 row and the sorted key index that serving looks matches up in
     progress.json  finished row ranges and their checksums (during export only)
     meta.json    written last: K, S, d, dtype, combine, fingerprints, checksum
 
@@ -29,6 +30,7 @@ from scone_jax.errors import UserError
 FORMAT_VERSION = 1
 ROW_DTYPES = ("float32", "bfloat16", "int8")
 META = "meta.json"
+FGRAM_SET_DIR = "fgram_set"
 PROGRESS = "progress.json"
 # memory:// tables live as long as this process; one shared context keeps them visible
 _CONTEXT = ts.Context()

@@ -114,17 +114,20 @@ class Attention(nnx.Module):
         q, k, v = self._qkv(x, positions)
         return self._attend(q, k, v, mask)
 
-    def cached(self, x: jax.Array, positions: jax.Array, cache: dict, start: jax.Array):
-        """Attention for tokens at `start..start+T-1` given a KV cache of earlier tokens.
+    def cached(self, x: jax.Array, positions: jax.Array, cache: dict, start: jax.Array,
+               first_valid: jax.Array):
+        """Attention for cache slots `start..start+T-1` given a KV cache of earlier slots.
 
-        `cache` holds `k`, `v` [B, L, kv_heads, head_dim]; returns the output and the cache
-        with this chunk's keys and values written at `start`.
+        `cache` holds `k`, `v` [B, L, kv_heads, head_dim]; slots before `first_valid` [B] are
+        left padding and never attended to. Returns the output and the cache with this
+        chunk's keys and values written at `start`.
         """
         q, k, v = self._qkv(x, positions)
         k_all = jax.lax.dynamic_update_slice_in_dim(cache["k"], k.astype(cache["k"].dtype), start, axis=1)
         v_all = jax.lax.dynamic_update_slice_in_dim(cache["v"], v.astype(cache["v"].dtype), start, axis=1)
         key_pos = jnp.arange(k_all.shape[1])
-        mask = key_pos[None, None, :] <= (start + jnp.arange(x.shape[1]))[None, :, None]
+        mask = ((key_pos[None, None, :] <= (start + jnp.arange(x.shape[1]))[None, :, None])
+                & (key_pos[None, None, :] >= first_valid[:, None, None]))
         y = self._attend(q, k_all.astype(q.dtype), v_all.astype(q.dtype), mask)
         return y, {"k": k_all, "v": v_all}
 
@@ -174,7 +177,8 @@ class Block(nnx.Module):
         x = x + self.mlp(self.mlp_norm(x))
         return constrain(x, ("batch", "seq", "embed"))
 
-    def cached(self, x: jax.Array, positions: jax.Array, cache: dict, start: jax.Array):
-        y, cache = self.attn.cached(self.attn_norm(x), positions, cache, start)
+    def cached(self, x: jax.Array, positions: jax.Array, cache: dict, start: jax.Array,
+               first_valid: jax.Array):
+        y, cache = self.attn.cached(self.attn_norm(x), positions, cache, start, first_valid)
         x = x + y
         return x + self.mlp(self.mlp_norm(x)), cache

@@ -57,14 +57,22 @@ class Transformer(nnx.Module):
         dtype = dtype or self.dtype
         return [{"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)} for _ in self.blocks]
 
-    def hidden_cached(self, x: jax.Array, cache: list[dict], start: jax.Array):
-        """Like `hidden` for tokens at positions start..start+T-1, reusing and extending `cache`."""
-        positions = jnp.broadcast_to(start + jnp.arange(x.shape[1]), x.shape[:2])
+    def hidden_cached(self, x: jax.Array, cache: list[dict], start: jax.Array,
+                      first_valid: jax.Array | None = None):
+        """Like `hidden` for cache slots start..start+T-1, reusing and extending `cache`.
+
+        Row b may be left-padded: its real tokens start at slot `first_valid[b]`, which is
+        position 0 for it (padding is never attended to).
+        """
+        if first_valid is None:
+            first_valid = jnp.zeros(x.shape[0], jnp.int32)
+        slots = start + jnp.arange(x.shape[1])
+        positions = jnp.maximum(slots[None, :] - first_valid[:, None], 0)
         if self.cfg.family == "gpt2":
             x = x + jnp.take(self.pos_embed[...], positions, axis=0).astype(self.dtype)
         new_cache = []
         for block, layer_cache in zip(self.blocks, cache):
-            x, layer_cache = block.cached(x, positions, layer_cache, start)
+            x, layer_cache = block.cached(x, positions, layer_cache, start, first_valid)
             new_cache.append(layer_cache)
         return self.final_norm(x), new_cache
 

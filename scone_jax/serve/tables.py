@@ -8,8 +8,10 @@ tier relies on per-chunk crc32c checks as rows are read. Every failure is a one-
 
 from __future__ import annotations
 
+import tempfile
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -18,12 +20,15 @@ import numpy as np
 import tensorstore as ts
 
 from scone_jax.errors import UserError
+from scone_jax.fgrams.store import FgramSet
 from scone_jax.export.table_store import (
+    FGRAM_SET_DIR,
     FORMAT_VERSION,
     META,
     Location,
     combine_checksums,
     dequantize,
+    kvstore,
     open_array,
     parse_location,
     range_checksum,
@@ -59,8 +64,7 @@ class Table(ABC):
 
     url: str
     meta: dict[str, Any]
-    keys: np.ndarray  # sorted uint64 f-gram keys
-    key_ids: np.ndarray  # row id of each key
+    fgram_set: FgramSet  # the rows' f-grams and the key index, for finding matches
 
     @property
     def num_rows(self) -> int:
@@ -86,12 +90,21 @@ class Table(ABC):
                             f"{str(self.meta.get('checkpoint_fingerprint'))[:12]}, not {checkpoint_fingerprint[:12]}")
 
 
-def _load_index(loc: Location, meta: dict, url: str) -> tuple[np.ndarray, np.ndarray]:
-    keys = _read(open_array(loc, "keys"), "keys", url)
-    key_ids = _read(open_array(loc, "key_ids"), "key_ids", url)
-    if keys.shape != (meta["num_rows"],) or key_ids.shape != keys.shape:
-        raise UserError(f"table {url}: key index has {keys.shape[0]} entries, expected {meta['num_rows']}")
-    return keys, key_ids
+def _load_fgram_set(loc: Location, meta: dict, url: str) -> FgramSet:
+    """The table's copy of its f-gram set (fetched to a temporary directory when remote)."""
+    if loc.local_path is not None:
+        fgram_set = FgramSet.load(loc.local_path / FGRAM_SET_DIR)
+    else:
+        store = kvstore(loc)
+        with tempfile.TemporaryDirectory(prefix="scone-table-fgrams-") as tmp:
+            for key in store.list(ts.KeyRange(f"{FGRAM_SET_DIR}/", f"{FGRAM_SET_DIR}0")).result():
+                name = bytes(key).decode().split("/")[-1]
+                (Path(tmp) / name).write_bytes(bytes(store.read(key).result().value))
+            fgram_set = FgramSet.load(tmp)
+            fgram_set.path = None
+    if fgram_set.fingerprint != meta["fgram_set_fingerprint"] or fgram_set.num_fgrams != meta["num_rows"]:
+        raise UserError(f"table {url}: its f-gram set does not match the table (fingerprint or size)")
+    return fgram_set
 
 
 def _read_all_verified(loc: Location, meta: dict, url: str) -> tuple[np.ndarray, np.ndarray | None]:
@@ -114,7 +127,7 @@ class HostTable(Table):
 
     def __init__(self, url: str):
         loc, meta = read_meta(url)
-        super().__init__(url, meta, *_load_index(loc, meta, url))
+        super().__init__(url, meta, _load_fgram_set(loc, meta, url))
         self.stored, self.scale = _read_all_verified(loc, meta, url)
 
     def gather(self, ids: np.ndarray) -> np.ndarray:
@@ -135,7 +148,7 @@ class DiskTable(Table):
 
     def __init__(self, url: str, cache_bytes: int = 256 << 20):
         loc, meta = read_meta(url)
-        super().__init__(url, meta, *_load_index(loc, meta, url))
+        super().__init__(url, meta, _load_fgram_set(loc, meta, url))
         context = ts.Context({"cache_pool": {"total_bytes_limit": int(cache_bytes)}})
         self.rows = open_array(loc, "rows", context)
         if tuple(self.rows.shape) != (meta["num_rows"], meta["width"]):

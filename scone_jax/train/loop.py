@@ -149,14 +149,23 @@ def train(cfg: Config) -> dict:
     return summary
 
 
-def evaluate_run(run_dir: str | Path, extra_eval: list[str] | None = None, step: int | None = None) -> dict:
-    """Perplexity and bits per byte of a run's checkpoint on its held-out split and `extra_eval` datasets."""
+def evaluate_run(run_dir: str | Path, extra_eval: list[str] | None = None, step: int | None = None,
+                 table: str | None = None, tier: str = "host") -> dict:
+    """Perplexity and bits per byte of a run's checkpoint on its held-out split and `extra_eval`
+    datasets: with the live f-gram model, or with an exported table (`table`, in `tier`)."""
     from scone_jax.train.run_dir import load_run_config
 
     cfg = load_run_config(run_dir)
     session = open_session(cfg, Path(run_dir), extra_eval)
     if not session.eval_sets:
         raise UserError(f"run {run_dir} has no held-out split (data.eval_fraction=0); pass --dataset DIR")
+    if table is not None:
+        from scone_jax.serve.engine import engine_from_run
+        from scone_jax.serve.evaluate import evaluate_engine
+
+        engine = engine_from_run(run_dir, table, tier, step)
+        results = evaluate_engine(engine, session.eval_sets, session.dataset.token_bytes)
+        return {"step": engine_step(run_dir, step), "table": table, "tier": tier, "results": results}
     ckpt = Checkpointer(Path(run_dir) / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep, False)
     if ckpt.latest_step() is None:
         raise UserError(f"run {run_dir} has no checkpoint to evaluate")
@@ -164,3 +173,14 @@ def evaluate_run(run_dir: str | Path, extra_eval: list[str] | None = None, step:
     ckpt.close()
     results = evaluate(session, session.eval_step(), state["params"])
     return {"step": int(np.asarray(jax.device_get(state["step"]))), "results": results}
+
+
+def engine_step(run_dir: str | Path, step: int | None) -> int:
+    from scone_jax.train.run_dir import load_run_config
+
+    cfg = load_run_config(run_dir)
+    ckpt = Checkpointer(Path(run_dir) / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep, False)
+    try:
+        return int(ckpt.latest_step() if step is None else step)
+    finally:
+        ckpt.close()

@@ -1,0 +1,45 @@
+"""`scone-jax export RUN_DIR --out TABLE_URL [--backbone-out DIR]`."""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write the f-gram table (and the backbone) of a trained SCONE run for serving",
+        description="Run the f-gram model of RUN_DIR's checkpoint over every f-gram and write the [S, d] "
+        "table with tensorstore (zarr3) to --out: a local path or a kvstore URL (file://, memory://, "
+        "gs://BUCKET/PATH, s3://BUCKET/PATH). The table becomes visible only when complete; rerunning an "
+        "interrupted export resumes it. --backbone-out also writes the backbone's parameters as params.npz "
+        "+ config.yaml + meta.json (readable without orbax).",
+    )
+    p.add_argument("run_dir", help="a SCONE run directory made by `scone-jax train`")
+    p.add_argument("--out", required=True, help="table location (path or kvstore URL)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "int8"),
+                   help="row dtype; int8 stores a float32 scale per row")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    p.add_argument("--batch-rows", type=int, default=1024, help="f-grams per f-gram-model batch")
+    p.add_argument("--range-rows", type=int, default=65536, help="rows per resumable range")
+    p.add_argument("--backbone-out", default=None, help="also export the backbone to this directory")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing table or backbone export")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from scone_jax.errors import UserError
+    from scone_jax.export.backbone import export_backbone
+    from scone_jax.export.table import export_table
+
+    for name in ("batch_rows", "range_rows"):
+        if getattr(args, name) <= 0:
+            raise UserError(f"--{name.replace('_', '-')}={getattr(args, name)} (expected > 0)")
+    meta = export_table(args.run_dir, args.out, args.dtype, args.step, args.batch_rows, args.range_rows,
+                        progress=not args.no_progress, overwrite=args.overwrite)
+    print(f"table {args.out}: {meta['num_rows']:,} rows x {meta['width']} {meta['dtype']} "
+          f"({meta['combine']} mode, step {meta['checkpoint_step']}), "
+          + (f"{meta['rows_per_s']:,.0f} rows/s" if meta.get("rows_per_s") else "already computed"))
+    if args.backbone_out:
+        export_backbone(args.run_dir, args.backbone_out, args.step, args.overwrite)
+        print(f"backbone {args.backbone_out}: params.npz, config.yaml, meta.json")
+    return 0

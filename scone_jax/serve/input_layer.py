@@ -1,0 +1,72 @@
+"""The SCONE input layer at inference: host-side longest match, a deduplicated row gather from
+the table tier, and one jitted lookup-and-add on the device.
+
+In both combine modes the exported row is what to add to T(s_i) (in replace mode it holds
+F(w) - T(last token of w)), and unmatched positions add zero (SCONE.md section 3).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from scone_jax.serve.tables import DeviceTable, Table
+
+
+def add_table_rows(x: jax.Array, fgram_index: jax.Array, rows: jax.Array) -> jax.Array:
+    """x [B, T, d] + rows[fgram_index] where fgram_index >= 0 (inside jit)."""
+    gathered = jnp.take(rows, jnp.maximum(fgram_index, 0), axis=0).astype(x.dtype)
+    return x + jnp.where((fgram_index >= 0)[..., None], gathered, jnp.zeros_like(gathered))
+
+
+@dataclass
+class TableLookup:
+    """Turns f-gram ids [B, T] into what the jitted input layer takes.
+
+    Host and disk tiers send the batch's distinct rows ([U, d], U rounded up to `granule`
+    so shapes repeat) and an index into them; the device tier sends row ids instead and
+    gathers from its resident table inside jit.
+    """
+
+    table: Table
+    granule: int = 64
+
+    def prepare(self, fgram_ids: np.ndarray) -> dict[str, np.ndarray]:
+        ids = np.asarray(fgram_ids, np.int64)
+        matched = ids >= 0
+        unique, inverse = np.unique(ids[matched], return_inverse=True)
+        size = -(-max(len(unique), 1) // self.granule) * self.granule
+        index = np.full(ids.shape, -1, np.int32)
+        index[matched] = inverse
+        if isinstance(self.table, DeviceTable):
+            row_ids = np.zeros(size, np.int32)
+            row_ids[:len(unique)] = unique
+            return {"fgram_index": index, "fgram_row_ids": row_ids}
+        rows = np.zeros((size, self.table.width), np.float32)
+        rows[:len(unique)] = self.table.gather(unique)
+        return {"fgram_index": index, "fgram_rows": rows}
+
+    def rows_on_device(self, prepared: dict[str, jax.Array]) -> jax.Array:
+        """Inside jit: the [U, d] rows the index points into."""
+        if "fgram_row_ids" in prepared:
+            return jnp.take(self.table.device_rows, prepared["fgram_row_ids"], axis=0)
+        return prepared["fgram_rows"]
+
+
+def prefetch(items: Iterable, prepare: Callable, depth: int = 2) -> Iterator:
+    """`prepare(item)` for each item, computed `depth` items ahead on a background thread
+    (the host lookups and the transfer overlap the device's work on the current batch)."""
+    items = iter(items)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        pending = []
+        for item in items:
+            pending.append(pool.submit(lambda it=item: (it, jax.device_put(prepare(it)))))
+            if len(pending) > depth:
+                yield pending.pop(0).result()
+        for future in pending:
+            yield future.result()
