@@ -1,6 +1,7 @@
 """Export the backbone alone (what inference needs, without the f-gram model) as plain files
 a serving stack reads without orbax: `params.npz` (numpy arrays named by their path, e.g.
-`blocks/0/attn/wq`), `config.yaml` (the run's model section) and `meta.json` (fingerprints)."""
+`blocks/0/attn/wq`), `config.yaml` (the run's model section), `tokenizer.model` and
+`meta.json` (fingerprints)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,9 @@ def export_backbone(run_dir: str | Path, out: str | Path, step: int | None = Non
         np.savez(buffer, **flatten(backbone))
         (tmp / "params.npz").write_bytes(buffer.getvalue())
         (tmp / "config.yaml").write_text(yaml.safe_dump({"model": to_dict(run.cfg)["model"]}, sort_keys=False))
+        tokenizer = Path(run.info["dataset"]) / "tokenizer.model"
+        if tokenizer.is_file():  # serving needs it to turn text into ids
+            (tmp / "tokenizer.model").write_bytes(tokenizer.read_bytes())
         atomic_write_json(tmp / "meta.json", meta)
     return meta
 

@@ -33,7 +33,7 @@ META = "meta.json"
 FGRAM_SET_DIR = "fgram_set"
 PROGRESS = "progress.json"
 # memory:// tables live as long as this process; one shared context keeps them visible
-_CONTEXT = ts.Context()
+SHARED_CONTEXT = ts.Context()
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def parse_location(url: str) -> Location:
 
 
 def kvstore(loc: Location) -> ts.KvStore:
-    return ts.KvStore.open(loc.kvstore, context=_CONTEXT).result()
+    return ts.KvStore.open(loc.kvstore, context=SHARED_CONTEXT).result()
 
 
 def read_json(loc: Location, key: str) -> dict | None:
@@ -104,13 +104,13 @@ def array_spec(loc: Location, name: str, shape, dtype: str, chunk_rows: int, sha
 
 def create_array(loc: Location, name: str, shape, dtype: str, chunk_rows: int, shard_rows: int):
     spec = {**array_spec(loc, name, shape, dtype, chunk_rows, shard_rows), "create": True, "open": True}
-    return ts.open(spec, context=_CONTEXT).result()
+    return ts.open(spec, context=SHARED_CONTEXT).result()
 
 
 def open_array(loc: Location, name: str, context: ts.Context | None = None):
     spec = {"driver": "zarr3", "kvstore": loc.child(name), "fill_missing_data_reads": False}
     try:
-        return ts.open(spec, context=context or _CONTEXT, read=True).result()
+        return ts.open(spec, context=context or SHARED_CONTEXT, read=True).result()
     except Exception as e:  # tensorstore raises ValueError subclasses with status text
         raise UserError(f"table array {loc.url}/{name} cannot be opened: {str(e).splitlines()[0]}") from None
 

@@ -20,11 +20,13 @@ import numpy as np
 import tensorstore as ts
 
 from scone_jax.errors import UserError
+from scone_jax.fgrams.store import ARRAYS as FGRAM_SET_ARRAYS
 from scone_jax.fgrams.store import FgramSet
 from scone_jax.export.table_store import (
     FGRAM_SET_DIR,
     FORMAT_VERSION,
     META,
+    SHARED_CONTEXT,
     Location,
     combine_checksums,
     dequantize,
@@ -97,9 +99,11 @@ def _load_fgram_set(loc: Location, meta: dict, url: str) -> FgramSet:
     else:
         store = kvstore(loc)
         with tempfile.TemporaryDirectory(prefix="scone-table-fgrams-") as tmp:
-            for key in store.list(ts.KeyRange(f"{FGRAM_SET_DIR}/", f"{FGRAM_SET_DIR}0")).result():
-                name = bytes(key).decode().split("/")[-1]
-                (Path(tmp) / name).write_bytes(bytes(store.read(key).result().value))
+            for name in [f"{a}.npy" for a in FGRAM_SET_ARRAYS] + ["meta.json"]:
+                value = store.read(f"{FGRAM_SET_DIR}/{name}").result()
+                if value.state != "value":
+                    raise UserError(f"table {url}: {FGRAM_SET_DIR}/{name} is missing")
+                (Path(tmp) / name).write_bytes(bytes(value.value))
             fgram_set = FgramSet.load(tmp)
             fgram_set.path = None
     if fgram_set.fingerprint != meta["fgram_set_fingerprint"] or fgram_set.num_fgrams != meta["num_rows"]:
@@ -149,7 +153,8 @@ class DiskTable(Table):
     def __init__(self, url: str, cache_bytes: int = 256 << 20):
         loc, meta = read_meta(url)
         super().__init__(url, meta, _load_fgram_set(loc, meta, url))
-        context = ts.Context({"cache_pool": {"total_bytes_limit": int(cache_bytes)}})
+        context = ts.Context(ts.Context.Spec({"cache_pool": {"total_bytes_limit": int(cache_bytes)}}),
+                             parent=SHARED_CONTEXT)  # the parent keeps memory:// stores visible
         self.rows = open_array(loc, "rows", context)
         if tuple(self.rows.shape) != (meta["num_rows"], meta["width"]):
             raise UserError(f"table {url}: rows have shape {tuple(self.rows.shape)}, meta says "

@@ -1,0 +1,59 @@
+"""`scone-jax generate (RUN_DIR | --backbone DIR) [--table URL] --prompt TEXT ...`."""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="generate text with the KV cache (SCONE: f-gram rows from an exported table)",
+        description="Batched prefill over the prompts (with a batched f-gram lookup), then one token per "
+        "step with the longest f-gram match over the last K-1 tokens. The model is RUN_DIR's latest "
+        "checkpoint, or an exported backbone (--backbone). Greedy by default; --temperature with "
+        "--top-k/--top-p samples, and --seed fixes the output.",
+    )
+    p.add_argument("run_dir", nargs="?", help="a run directory made by `scone-jax train`")
+    p.add_argument("--backbone", default=None, help="an exported backbone directory (instead of RUN_DIR)")
+    p.add_argument("--table", default=None, metavar="URL", help="the exported f-gram table (SCONE models)")
+    p.add_argument("--tier", default="host", choices=("device", "host", "disk"), help="where the table lives")
+    p.add_argument("--prompt", action="append", required=True, help="a prompt; repeat for a batch")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer", default=None,
+                   help="sentencepiece model (default: the run's dataset tokenizer, or the backbone export's)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from scone_jax.data.tokenizer import Tokenizer
+    from scone_jax.errors import UserError
+    from scone_jax.serve.engine import engine_from_export, engine_from_run
+    from scone_jax.serve.generate import Sampling, generate
+
+    if bool(args.run_dir) == bool(args.backbone):
+        raise UserError("give either RUN_DIR or --backbone DIR (exactly one)")
+    if args.max_new_tokens <= 0:
+        raise UserError(f"--max-new-tokens={args.max_new_tokens} (expected > 0)")
+    if args.run_dir:
+        import json
+
+        engine = engine_from_run(args.run_dir, args.table, args.tier)
+        default_tok = Path(json.loads((Path(args.run_dir) / "run_info.json").read_text())["dataset"]) / "tokenizer.model"
+    else:
+        engine = engine_from_export(args.backbone, args.table, args.tier)
+        default_tok = Path(args.backbone) / "tokenizer.model"
+    tokenizer = Tokenizer.load(args.tokenizer or default_tok)
+    if engine.tokenizer_sha256 and tokenizer.sha256 != engine.tokenizer_sha256:
+        raise UserError(f"tokenizer {tokenizer.path} (sha256 {tokenizer.sha256[:12]}) is not the model's "
+                        f"({engine.tokenizer_sha256[:12]})")
+    prompts = [tokenizer.encode(text) for text in args.prompt]
+    outputs = generate(engine, prompts, args.max_new_tokens,
+                       Sampling(args.temperature, args.top_k, args.top_p), args.seed, tokenizer.eos_id)
+    for text, new in zip(args.prompt, outputs, strict=True):
+        print(text + tokenizer.decode([t for t in new if t != tokenizer.eos_id]))
+    return 0

@@ -1,0 +1,162 @@
+"""Export: the table equals the live f-gram model, resumes after a kill, and is checked on open."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from scone_jax.dist.mesh import make_mesh
+from scone_jax.errors import UserError
+from scone_jax.export.checkpoint_params import load_run_params
+from scone_jax.export.table import export_table
+from scone_jax.fgrams.store import FgramSet
+from scone_jax.serve.tables import open_table
+from tests.scone_run import train_scone_run
+from tests.train.helpers import REPO, cli_run
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("scone")
+    run_dir = train_scone_run(root, seed=int(np.random.SeedSequence().entropy % 2**31))
+    return run_dir, root
+
+
+def live_rows(run_dir):
+    """F(w) - T(last token of w) for every f-gram, straight from the model (the reference)."""
+    rp = load_run_params(run_dir, mesh=make_mesh(devices=jax.devices()[:1]))  # an unsharded reference
+    model = rp.model()
+    fs = FgramSet.load(rp.info["fgram_set"])
+    tokens = jnp.asarray(np.maximum(fs.tokens, 0), jnp.int32)
+    lengths = jnp.asarray(fs.lengths, jnp.int32)
+    f = np.asarray(model.fgram_embeddings(tokens, lengths), np.float32)
+    last = np.asarray(fs.tokens)[np.arange(len(fs.lengths)), np.asarray(fs.lengths) - 1]
+    return f - np.asarray(model.backbone.embed_table[...])[last], fs
+
+
+def test_float32_table_equals_the_fgram_model(run):
+    run_dir, root = run
+    meta = export_table(run_dir, str(root / "t32"), progress=False, range_rows=500)
+    expected, fs = live_rows(run_dir)
+    table = open_table(str(root / "t32"), "host")
+    got = table.gather(np.arange(table.num_rows))
+    assert meta["num_rows"] == fs.num_fgrams > 100 and got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    assert not (root / "t32.partial").exists()
+
+
+@pytest.mark.parametrize("dtype, rel", [("bfloat16", 2 ** -8), ("int8", 1 / 127)])
+def test_low_precision_tables_are_within_their_stated_tolerance(run, dtype, rel):
+    """bfloat16: relative error <= 2^-8 per element; int8: <= half a step, i.e. max|row| / 254."""
+    run_dir, root = run
+    export_table(run_dir, str(root / f"t_{dtype}"), dtype=dtype, progress=False)
+    expected, _ = live_rows(run_dir)
+    got = open_table(str(root / f"t_{dtype}"), "host").gather(np.arange(len(expected)))
+    if dtype == "bfloat16":
+        assert np.all(np.abs(got - expected) <= rel * np.abs(expected) + 1e-5)  # + float32 noise
+    else:
+        bound = np.abs(expected).max(axis=1, keepdims=True) / 254 * (1 + 1e-5) + 1e-5
+        assert np.all(np.abs(got - expected) <= bound)
+
+
+def test_memory_kvstore_url_round_trips(run):
+    run_dir, _ = run
+    export_table(run_dir, "memory://tables/a", progress=False)
+    expected, _ = live_rows(run_dir)
+    for tier in ("host", "disk"):
+        got = open_table("memory://tables/a", tier).gather(np.arange(len(expected)))
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_existing_table_is_not_overwritten(run):
+    run_dir, root = run
+    export_table(run_dir, str(root / "keep"), progress=False)
+    before = (root / "keep" / "meta.json").read_bytes()
+    with pytest.raises(UserError, match="already exists"):
+        export_table(run_dir, str(root / "keep"), progress=False)
+    assert (root / "keep" / "meta.json").read_bytes() == before
+
+
+def test_export_killed_midway_resumes_to_the_same_table(run):
+    run_dir, root = run
+    export_table(run_dir, str(root / "straight"), progress=False, range_rows=50, batch_rows=64)
+    url = root / "resumed"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    args = [sys.executable, "-m", "scone_jax.cli.main", "export", str(run_dir), "--out", str(url),
+            "--range-rows", "50", "--batch-rows", "64", "--no-progress"]
+    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    progress = root / "resumed.partial" / "progress.json.0"
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None:
+        if progress.exists() and len(json.loads(progress.read_text() or '{"done": []}')["done"]) >= 2:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "export finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    with pytest.raises(UserError, match="not a complete f-gram table"):
+        open_table(str(url), "host")  # no reader opens a half-written table
+    assert not url.exists()
+    done_before = len(json.loads(progress.read_text())["done"])
+    res = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    a = open_table(str(root / "straight"), "host")
+    b = open_table(str(url), "host")
+    assert a.meta["checksum"] == b.meta["checksum"] and done_before < len(b.meta["ranges"])
+    np.testing.assert_array_equal(a.stored, b.stored)
+
+
+def _flip_byte(path, offset=200):
+    data = bytearray(path.read_bytes())
+    data[min(offset, len(data) - 1)] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["flip_rows", "truncate_rows", "drop_meta", "flip_fgram_set"])
+def test_damaged_tables_are_refused_with_one_line(run, damage):
+    run_dir, root = run
+    url = root / f"damaged_{damage}"
+    export_table(run_dir, str(url), progress=False)
+    shard = next(p for p in (url / "rows" / "c").rglob("*") if p.is_file())
+    if damage == "flip_rows":
+        _flip_byte(shard)
+    elif damage == "truncate_rows":
+        shard.write_bytes(shard.read_bytes()[:100])
+    elif damage == "drop_meta":
+        (url / "meta.json").unlink()
+    else:
+        _flip_byte(url / "fgram_set" / "tokens.npy", 300)
+    for tier in ("host", "disk"):
+        res = cli_run(["eval", str(run_dir), "--table", str(url), "--tier", tier])
+        assert res.returncode == 2, res.stderr[-1500:]
+        last = res.stderr.strip().splitlines()[-1]
+        assert last.startswith("scone-jax eval: error:") and "Traceback" not in res.stderr, last
+
+
+def test_tables_of_another_checkpoint_or_width_are_refused(run, tmp_path):
+    run_dir, root = run
+    other = train_scone_run(tmp_path, seed=7, steps=4)
+    export_table(other, str(tmp_path / "other"), progress=False)
+    res = cli_run(["eval", str(run_dir), "--table", str(tmp_path / "other")])
+    assert res.returncode == 2 and "exported from checkpoint" in res.stderr.strip().splitlines()[-1]
+    table = open_table(str(tmp_path / "other"), "host")
+    with pytest.raises(UserError, match="width"):
+        table.check_compatible(table.width + 1)
+
+
+def test_baseline_run_has_nothing_to_export(markov_dataset, tmp_path):
+    from scone_jax.config import load_config
+    from scone_jax.train.loop import train
+    from tests.train.helpers import tiny_overrides
+
+    train(load_config("tiny", tiny_overrides(markov_dataset.path, tmp_path / "base", 2)))
+    with pytest.raises(UserError, match="baseline"):
+        export_table(tmp_path / "base", str(tmp_path / "t"), progress=False)
+    assert not (tmp_path / "t").exists() and not (tmp_path / "t.partial").exists()
