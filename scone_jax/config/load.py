@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -21,6 +22,7 @@ from scone_jax.config.schema import Config
 from scone_jax.errors import UserError
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "experiments"
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 def resolve_preset(name_or_path: str) -> Path:
@@ -101,6 +103,8 @@ def _coerce(value: Any, tp, key: str) -> Any:
     elif tp is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 reads 3e-4 (no dot) as a string
     elif tp is str:
         if isinstance(value, str):
             return value

@@ -19,6 +19,7 @@ from scone_jax.train.state import abstract_with_shardings
 class Checkpointer:
     def __init__(self, directory: str | os.PathLike, every: int, keep: int, async_save: bool = True):
         self.directory = Path(directory).absolute()
+        self.every = every
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=every,
             max_to_keep=keep,
@@ -31,8 +32,12 @@ class Checkpointer:
         return self.manager.latest_step()
 
     def maybe_save(self, step: int, state, force: bool = False) -> bool:
-        """Save if `step` is on the interval (or `force`); returns whether a save started."""
-        return self.manager.save(step, args=ocp.args.StandardSave(state), force=force)
+        """Save if `step` is on the interval (or `force`); returns whether a save started.
+
+        The interval is decided here, not by orbax's policy (which also saves a first step)."""
+        if not (force or step % self.every == 0):
+            return False
+        return self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
 
     def restore(self, state_shapes, shardings, step: int | None = None):
         """Restore onto the given shardings (which may be a different mesh than the save's)."""

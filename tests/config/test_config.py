@@ -27,6 +27,13 @@ def test_overrides_typed_and_nested():
     assert cfg.mesh.rules == {"mlp": None} and cfg.logging.tensorboard is False
 
 
+def test_exponent_floats_without_a_dot():
+    """PyYAML reads 3e-4 as a string; a float field still takes it."""
+    assert load_config("tiny", ["optim.lr=3e-4"]).optim.lr == 3e-4
+    with pytest.raises(UserError, match="optim.lr='fast'"):
+        load_config("tiny", ["optim.lr=fast"])
+
+
 def test_single_string_becomes_list():
     assert load_config(None, ["data.corpus=x.txt"]).data.corpus == ["x.txt"]
 
