@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.common import matmul_peak
 from scone_jax.config import load_config
 from scone_jax.dist.mesh import make_mesh
 from scone_jax.dist.rules import make_rules
@@ -17,19 +17,6 @@ from scone_jax.model import Transformer
 from scone_jax.train.optimizer import make_optimizer
 from scone_jax.train.state import setup_train_state
 from scone_jax.train.step import batch_shardings, make_train_step
-
-
-def matmul_peak(n: int = 1024, repeats: int = 20) -> float:
-    """Best-of FLOP/s of a float32 n x n matmul on this machine's default device."""
-    a = jnp.asarray(np.random.default_rng(0).normal(size=(n, n)), jnp.float32)
-    f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        f(a).block_until_ready()
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best
 
 
 def time_train_step(preset: str, steps: int, vocab: int) -> dict:

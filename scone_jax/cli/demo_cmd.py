@@ -10,9 +10,10 @@ def register(sub) -> None:
         "demo",
         help="run the main job end to end on the embedded default corpus",
         description="Build the default corpus from the installed Python standard library's docstrings, "
-        "train a sentencepiece tokenizer, tokenize, train the tiny preset (experiments/demo.yaml) on a "
-        "device mesh with checkpoints, evaluate held-out perplexity, and print where everything went. "
-        "Rerunning resumes (or reports the finished run).",
+        "train a sentencepiece tokenizer, tokenize, count f-grams on the training split, train the tiny "
+        "SCONE preset (experiments/demo.yaml) on a device mesh with checkpoints, export the f-gram table "
+        "and the backbone, evaluate held-out perplexity with the live f-gram model and with the table in "
+        "host RAM, generate a sample, and print where everything went. Rerunning resumes or reuses.",
     )
     p.add_argument("--out", default="demo_out", help="output directory")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for the demo run")
@@ -21,20 +22,42 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from scone_jax.config import load_config
-    from scone_jax.train.loop import train
+    from scone_jax.export.backbone import export_backbone
+    from scone_jax.export.table import export_table
+    from scone_jax.export.table_store import META, parse_location, read_json
+    from scone_jax.serve.engine import engine_from_run
+    from scone_jax.serve.generate import Sampling, generate
+    from scone_jax.train.loop import evaluate_run, train
 
     out = Path(args.out)
     cfg = load_config("demo", [f"run_dir={out / 'run'}", *args.overrides])
     summary = train(cfg)
     run_dir = Path(summary["run_dir"])
+    table, backbone = out / "table", out / "backbone"
+    if read_json(parse_location(str(table)), META) is None:
+        export_table(run_dir, str(table), progress=cfg.logging.progress)
+    if not backbone.exists():
+        export_backbone(run_dir, backbone)
+    live = evaluate_run(run_dir)["results"]["heldout"]
+    served = evaluate_run(run_dir, table=str(table), tier="host")["results"]["heldout"]
+    from scone_jax.data.dataset import TokenizedDataset
+    from scone_jax.data.tokenize import dataset_tokenizer
+
+    tokenizer = dataset_tokenizer(TokenizedDataset.open(run_dir / "dataset"))
+    engine = engine_from_run(run_dir, str(table), "host")
+    prompt = "Return the"
+    sample = generate(engine, [tokenizer.encode(prompt)], 24, Sampling(temperature=0.8, top_k=40), seed=0,
+                      eos_id=tokenizer.eos_id)[0]
     print("\nscone-jax demo finished. Outputs:")
-    print(f"  run directory     {run_dir}")
-    print(f"  resolved config   {run_dir / 'config.yaml'}")
-    print(f"  tokenizer         {run_dir / 'dataset' / 'tokenizer.model'}")
-    print(f"  tokenized dataset {run_dir / 'dataset'}")
-    print(f"  checkpoints       {run_dir / 'checkpoints'}")
-    print(f"  metrics (JSONL)   {run_dir / 'metrics.jsonl'}")
-    print(f"  tensorboard       {run_dir / 'tensorboard'}")
-    for name, r in summary.get("eval", {}).items():
-        print(f"  eval {name}: perplexity {r['perplexity']:.2f}, bits/byte {r['bits_per_byte']:.3f}")
+    print(f"  run directory      {run_dir}")
+    print(f"  resolved config    {run_dir / 'config.yaml'}")
+    print(f"  tokenized dataset  {run_dir / 'dataset'} (tokenizer: dataset/tokenizer.model)")
+    print(f"  f-gram set         {run_dir / 'fgrams'} (stats.json, stats.png)")
+    print(f"  checkpoints        {run_dir / 'checkpoints'}")
+    print(f"  metrics (JSONL)    {run_dir / 'metrics.jsonl'}; tensorboard: {run_dir / 'tensorboard'}")
+    print(f"  f-gram table       {table}")
+    print(f"  backbone export    {backbone}")
+    print(f"  held-out perplexity: live f-gram model {live['perplexity']:.2f}, "
+          f"exported table {served['perplexity']:.2f} (bits/byte {served['bits_per_byte']:.3f})")
+    print(f"  sample: {prompt!r} -> {tokenizer.decode([t for t in sample if t != tokenizer.eos_id])!r}")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from scone_jax.config import load_config
+from scone_jax.dist import distributed
 
 
 def register(sub) -> None:
@@ -23,6 +24,7 @@ def register(sub) -> None:
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--count-params", action="store_true",
                    help="print the parameter counts (backbone, non-embedding, f-gram model) and exit")
+    distributed.add_cli_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -40,7 +42,9 @@ def run(args) -> int:
         return 0
     from scone_jax.train.loop import train
 
-    summary = train(cfg)
+    distributed.initialize_from_args(args)
+    with distributed.failures_reported():
+        summary = train(cfg)
     if summary["status"].startswith("stopped by"):
         return 143 if "SIGTERM" in summary["status"] else 130
     return 0

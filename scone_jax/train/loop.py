@@ -44,6 +44,16 @@ def stop_on_signals(signals=(signal.SIGTERM, signal.SIGINT)):
             signal.signal(s, handler)
 
 
+def stop_agreed(received: list[int]) -> bool:
+    """Whether any process got SIGTERM/SIGINT: all must stop at the same step, or they would
+    wait forever in different collectives."""
+    if jax.process_count() == 1:
+        return bool(received)
+    from jax.experimental import multihost_utils
+
+    return bool(np.any(multihost_utils.process_allgather(np.int32(bool(received)))))
+
+
 def train(cfg: Config) -> dict:
     """Train (or resume) the run described by `cfg`; returns a summary dict."""
     is_main = jax.process_index() == 0
@@ -91,6 +101,7 @@ def train(cfg: Config) -> dict:
     batches = session.train_stream.iterate(start)
     step, stopped_by = start, None
     window_start, window_steps, window_flops = time.perf_counter(), 0, 0.0
+    clean = False
     try:
         with stop_on_signals() as received:
             while step < total:
@@ -129,12 +140,15 @@ def train(cfg: Config) -> dict:
                         writer.write(step, {"set": name, **result}, kind="eval")
                         summary.setdefault("eval", {})[name] = result
                     window_start, window_steps, window_flops = time.perf_counter(), 0, 0.0
-                if received:
-                    stopped_by = signal.Signals(received[0]).name
+                if stop_agreed(received):
+                    stopped_by = signal.Signals(received[0]).name if received else "a peer's signal"
                     break
+        clean = True
     finally:
         bar.close()
-        if step > start and ckpt.latest_step() != step and "final_loss" in summary \
+        # a save is collective: after an error on one process its peers cannot join one
+        can_save = clean or jax.process_count() == 1
+        if can_save and step > start and ckpt.latest_step() != step and "final_loss" in summary \
                 and math.isfinite(summary["final_loss"]):
             ckpt.maybe_save(step, state, force=True)
         ckpt.close()

@@ -34,7 +34,6 @@ from scone_jax.train.optimizer import make_optimizer
 from scone_jax.train.state import TrainSetup, setup_train_state
 from scone_jax.train.step import batch_shardings, make_eval_step, make_train_step
 
-
 CALIBRATION_BATCHES = 8
 
 
@@ -155,10 +154,19 @@ def open_session(cfg: Config, run_dir: Path, extra_eval: list[str] | None = None
     train_ids, eval_ids = split_documents(dataset.num_docs, cfg.data.eval_fraction, cfg.data.seed)
     fgrams = None
     if cfg.fgrams.enabled:
-        fgrams = prepare_fgram_inputs(
-            cfg.fgrams, dataset, train_ids, run_dir,
-            positions_per_host=cfg.train.batch_size // jax.process_count() * cfg.data.seq_len,
-            row_multiple=data_parallel, progress=cfg.logging.progress and jax.process_index() == 0)
+        def prepare():
+            return prepare_fgram_inputs(
+                cfg.fgrams, dataset, train_ids, run_dir,
+                positions_per_host=cfg.train.batch_size // jax.process_count() * cfg.data.seq_len,
+                row_multiple=data_parallel, progress=cfg.logging.progress and jax.process_index() == 0)
+
+        if jax.process_count() > 1 and jax.process_index() != 0:
+            barrier("fgrams-ready")  # process 0 counts and tags (into the run dir and dataset) first
+            fgrams = prepare()
+        else:
+            fgrams = prepare()
+            if jax.process_count() > 1:
+                barrier("fgrams-ready")
     stream = BatchStream(WindowSource(dataset, train_ids, cfg.data.seq_len), cfg.train.batch_size,
                          seed=cfg.train.seed, process_index=jax.process_index(),
                          process_count=jax.process_count(), transform=fgrams.batcher if fgrams else None)

@@ -22,8 +22,9 @@ def exported(request, tmp_path_factory):
 
 
 def sample_tokens(run_dir, rng, batch=3, length=24):
-    from scone_jax.data.dataset import TokenizedDataset
     import json
+
+    from scone_jax.data.dataset import TokenizedDataset
 
     ds = TokenizedDataset.open(json.loads((run_dir / "run_info.json").read_text())["dataset"])
     starts = rng.integers(0, ds.num_tokens - length, batch)

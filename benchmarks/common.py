@@ -1,0 +1,50 @@
+"""Shared benchmark helpers: real text when ../shared/data is there, a matmul peak, timing."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+SHARED_TEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2" / "valid.txt"
+
+
+def real_text_dataset(vocab_size: int, workdir: Path | None = None):
+    """WikiText-2 valid (blank-line documents) when present, else the embedded default corpus."""
+    from scone_jax.config.schema import DataConfig
+    from scone_jax.data.tokenize import build_dataset
+
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="scone-bench-"))
+    corpus = [str(SHARED_TEXT)] if SHARED_TEXT.is_file() else []
+    cfg = DataConfig(corpus=corpus, doc_split="blank_line", tokenizer_vocab_size=vocab_size)
+    out = workdir / f"dataset_{vocab_size}"
+    ds = build_dataset(cfg, out, progress=False)
+    return ds, ("WikiText-2 valid" if corpus else "the default corpus")
+
+
+def matmul_peak(n: int = 1024, repeats: int = 20) -> float:
+    """Best-of FLOP/s of a float32 n x n matmul on the default device."""
+    a = jnp.asarray(np.random.default_rng(0).normal(size=(n, n)), jnp.float32)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f(a).block_until_ready()
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+def interleaved_medians(fns: dict, rounds: int) -> dict[str, float]:
+    """Median seconds per call of each fn, calling them in turn each round (drift hits all alike)."""
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t)
+    return {k: float(np.median(v)) for k, v in times.items()}

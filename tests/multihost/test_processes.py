@@ -1,0 +1,99 @@
+"""Real 2-process jobs on localhost (gloo): healthy runs, per-process data, and what happens when a peer dies.
+
+The watchdog's limit is set low here (SCONE_PEER_TIMEOUT) so a lost peer is found in seconds.
+"""
+
+import os
+import signal
+import time
+
+from tests.conftest import make_dataset, markov_documents
+from tests.multihost.helpers import worker_job
+
+PEER_TIMEOUT = 5.0
+FAST = {"SCONE_PEER_TIMEOUT": str(PEER_TIMEOUT)}
+
+
+def test_two_processes_run_collectives_and_shut_down_cleanly():
+    job = worker_job(2, "steps", "30", env=FAST)
+    assert job.finish(120) == 0, job.output[-3000:]
+    topology = [line for line in job.lines if "scone-jax: distributed:" in line]
+    assert len(topology) == 1 and topology[0].startswith("[p0] ")  # logged once, by process 0
+    assert "2 processes (SCONE_* environment" in topology[0] and "8 devices (4 on process 0; cpu)" in topology[0]
+    assert "[p0] DONE" in job.lines and "[p1] DONE" in job.lines
+    assert "lost" not in job.output and "failed" not in job.output  # a normal exit alarms nobody
+
+
+def test_each_process_reads_its_own_rows_of_the_global_batch(tmp_path, rng):
+    make_dataset(tmp_path / "ds", markov_documents(rng, 50, 30, 200), 50)
+    job = worker_job(2, "data", str(tmp_path / "ds"), env=FAST)
+    assert job.finish(120) == 0, job.output[-3000:]
+    assert "[p0] DATA OK" in job.lines and "[p1] DATA OK" in job.lines
+
+
+def test_a_killed_peer_stops_the_others_within_the_peer_timeout():
+    job = worker_job(2, "hang", env=FAST)
+    victim = job.pid(1)
+    job.wait_for(r"^\[p0\] STEP 10$")
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    job.finish(60)
+    elapsed = time.monotonic() - killed_at
+    lost = job.wait_for(r"^\[p0\] scone-jax: process 1 of 2 is lost \(no heartbeat for \d+s, limit 5s\); "
+                        r"stopping process 0\. Rerun the job")
+    assert lost and job.status(0) == 75 and job.status(1) == -signal.SIGKILL
+    assert PEER_TIMEOUT - 1.5 <= elapsed < PEER_TIMEOUT + 10, elapsed  # the watchdog polls every second
+
+
+def test_a_failing_peer_stops_the_others_at_once():
+    # without the failure report, process 0 would wait in its collective until jax's shutdown
+    # timeout (SCONE_SHUTDOWN_TIMEOUT, 120 s); the peer timeout is long here, so it is not what stops it
+    start = time.monotonic()
+    job = worker_job(2, "fail-at", "10", "1", env={"SCONE_PEER_TIMEOUT": "60"})
+    assert job.finish(60) in (1, 75), job.output[-3000:]  # whichever local.py saw first
+    assert time.monotonic() - start < 30
+    job.wait_for(r"^\[p0\] scone-jax: process 1 of 2 failed \(RuntimeError: injected failure at step 10\); "
+                 r"stopping process 0")
+    assert job.status(1) == 1 and job.status(0) == 75
+
+
+def test_a_lost_coordinator_stops_the_others_through_the_runtime():
+    # process 0 hosts jax's coordination service: when it dies the runtime itself aborts the
+    # others at once (its own message; the watchdog gets no say)
+    job = worker_job(2, "hang", env=FAST)
+    victim = job.pid(0)
+    job.wait_for(r"^\[p1\] STEP 10$")
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.monotonic()
+    job.finish(60)
+    assert time.monotonic() - killed_at < PEER_TIMEOUT + 5
+    assert job.status(1) not in (None, 0)
+    assert "coordination service" in job.output
+
+
+def test_a_coordinator_failing_while_the_others_wait_at_a_barrier_stops_them():
+    # the shape of data preparation: process 0 tokenizes while the others wait (train/session.py)
+    start = time.monotonic()
+    job = worker_job(2, "barrier-fail", "0", env={"SCONE_PEER_TIMEOUT": "60"})
+    assert job.finish(60) in (1, 75), job.output[-3000:]
+    assert time.monotonic() - start < 30
+    job.wait_for(r"^\[p1\] scone-jax: process 0 of 2 failed \(RuntimeError: injected failure before the barrier\)")
+    assert job.status(0) == 1 and job.status(1) == 75
+
+
+def test_a_runtime_error_caused_by_a_dead_peer_names_the_peer():
+    # a collective broken by a dying peer surfaces as a runtime error (gloo: "Connection reset by
+    # peer"); the watchdog holds that error back until it knows whether a peer is lost
+    job = worker_job(2, "runtime-error", "others-die", env=FAST)
+    job.finish(60)
+    job.wait_for(r"^\[p0\] scone-jax: process 1 of 2 is lost \(no heartbeat")
+    assert job.status(0) == 75 and job.status(1) == 9
+
+
+def test_a_runtime_error_of_its_own_is_published_once_the_peers_are_seen_alive():
+    start = time.monotonic()
+    job = worker_job(2, "runtime-error", "alone", env={"SCONE_PEER_TIMEOUT": "60"})
+    job.finish(60)
+    assert time.monotonic() - start < 30  # not the 60 s peer timeout
+    job.wait_for(r"^\[p1\] scone-jax: process 0 of 2 failed \(JaxRuntimeError: injected failure at step 10\)")
+    assert job.status(0) == 1 and job.status(1) == 75
