@@ -88,7 +88,6 @@ class FgramConfig:
     combine: str = "replace"  # replace (the paper) | add
     dedup: bool = True  # compute each distinct f-gram of a batch once
     capacity: int = 0  # buffer rows per f-gram length before it grows; 0 = calibrate on early batches
-    output_scale: float = 1.0  # initial scale of F's final norm (1 = the paper's normed output)
 
     def validate(self) -> None:
         _check(2 <= self.max_n <= 16, f"fgrams.max_n={self.max_n} (expected 2..16)")
@@ -97,7 +96,6 @@ class FgramConfig:
         _check(self.combine in ("replace", "add"), f"fgrams.combine={self.combine!r} (expected 'replace' or 'add')")
         _check(self.n_layers >= 0 and self.d_model >= 0 and self.n_heads >= 0 and self.capacity >= 0,
                "fgrams.n_layers, d_model, n_heads and capacity must be >= 0")
-        _check(self.output_scale > 0, f"fgrams.output_scale={self.output_scale} (expected > 0)")
         _check(self.size_multiplier > 0, f"fgrams.model_size={self.model_size!r} (expected e.g. '0.5x', '1x', '3x')")
 
     @property

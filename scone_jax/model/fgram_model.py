@@ -20,7 +20,7 @@ from scone_jax.model.transformer import causal_mask
 
 
 class FgramModel(nnx.Module):
-    def __init__(self, cfg: ModelConfig, backbone_width: int, *, rngs: nnx.Rngs, output_scale: float = 1.0):
+    def __init__(self, cfg: ModelConfig, backbone_width: int, *, rngs: nnx.Rngs):
         pdt = jnp.dtype(cfg.param_dtype)
         self.cfg = cfg
         self.dtype = jnp.dtype(cfg.dtype)
@@ -31,7 +31,7 @@ class FgramModel(nnx.Module):
                 self.proj_in = param(rngs, (backbone_width, cfg.d_model), ("backbone_embed", "embed"), cfg.init_std, pdt)
                 self.proj_out = param(rngs, (cfg.d_model, backbone_width), ("embed", "backbone_embed"), cfg.init_std, pdt)
             self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
-            self.final_norm = Norm(cfg, cfg.d_model, rngs=rngs, scale_init=output_scale)
+            self.final_norm = Norm(cfg, cfg.d_model, rngs=rngs)
 
     def __call__(self, token_embeddings: jax.Array, lengths: jax.Array) -> jax.Array:
         """[N, K, d_backbone] embeddings T(tokens) of right-padded f-grams, [N] lengths -> [N, d_backbone]."""

@@ -25,18 +25,18 @@ def param(rngs: nnx.Rngs, shape, axes, std: float | None, dtype) -> nnx.Param:
     return nnx.Param(value, logical_axes=axis_names(axes))
 
 
-def ones(shape, axes, dtype, value: float = 1.0) -> nnx.Param:
-    return nnx.Param(jnp.full(shape, value, dtype), logical_axes=axis_names(axes))
+def ones(shape, axes, dtype) -> nnx.Param:
+    return nnx.Param(jnp.ones(shape, dtype), logical_axes=axis_names(axes))
 
 
 class Norm(nnx.Module):
     """LayerNorm (gpt2) or RMSNorm (llama); statistics in float32."""
 
-    def __init__(self, cfg: ModelConfig, dim: int, *, rngs: nnx.Rngs, scale_init: float = 1.0):
+    def __init__(self, cfg: ModelConfig, dim: int, *, rngs: nnx.Rngs):
         pdt = jnp.dtype(cfg.param_dtype)
         self.rms = cfg.family == "llama"
         self.eps = cfg.norm_eps
-        self.scale = ones((dim,), ("norm",), pdt, scale_init)
+        self.scale = ones((dim,), ("norm",), pdt)
         self.bias = None if self.rms else param(rngs, (dim,), ("norm",), None, pdt)
 
     def __call__(self, x: jax.Array) -> jax.Array:

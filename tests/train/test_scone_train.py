@@ -67,7 +67,7 @@ def test_scone_beats_the_baseline_on_real_text(tmp_path):
     corpus = wikitext_documents()
     common = {"data.corpus": f"[{corpus}]", "data.doc_split": "blank_line", "data.tokenizer_vocab_size": 1024,
               "model.d_model": 64, "model.n_layers": 2, "model.n_heads": 4, "model.max_seq_len": 64,
-              "data.seq_len": 64, "train.batch_size": 16, "train.steps": 150, "train.eval_every": 0,
+              "data.seq_len": 64, "train.batch_size": 16, "train.steps": 300, "train.eval_every": 0,
               "train.eval_batches": 8, "optim.lr": 0.003, "optim.warmup_steps": 10, "logging.progress": "false",
               "logging.tensorboard": "false", "checkpoint.every": 1000, "data.eval_fraction": 0.05}
     base = load_config("tiny", [f"{k}={v}" for k, v in {**common, "run_dir": tmp_path / "base"}.items()])
