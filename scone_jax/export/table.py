@@ -24,8 +24,8 @@ from scone_jax.dist.rules import activation_sharding, logical_to_spec
 from scone_jax.errors import UserError
 from scone_jax.export.checkpoint_params import RunParams, load_run_params
 from scone_jax.export.table_store import (
-    FORMAT_VERSION,
     FGRAM_SET_DIR,
+    FORMAT_VERSION,
     META,
     PROGRESS,
     ROW_DTYPES,

@@ -115,19 +115,26 @@ class Corpus:
     def key_vocab(self) -> int:
         """The radix used to pack (prefix, token) codes: the declared vocab size, else max id + 1.
 
-        Scans the tokens once (chunked), checking them against the declared vocab size.
+        The first call scans the tokens once (chunked) and checks them against the declared
+        vocabulary size.
         """
         if self._key_vocab is None:
-            hi = -1
-            for a in range(0, self.num_tokens, _SCAN_CHUNK):
-                chunk = self.read(a, min(self.num_tokens, a + _SCAN_CHUNK))
-                m = int(chunk.max())
-                if self.vocab_size is not None and m >= self.vocab_size:
-                    pos = a + int(np.argmax(chunk >= self.vocab_size))
-                    raise UserError(f"{self.source}: token id {m} at position {pos} is out of vocabulary (expected < vocab size {self.vocab_size})")
-                hi = max(hi, m)
+            hi = self.check_below(self.vocab_size, "vocab size")
             self._key_vocab = self.vocab_size if self.vocab_size is not None else hi + 1
         return self._key_vocab
+
+    def check_below(self, limit: int | None, what: str) -> int:
+        """Raise if some id is >= limit (None: no limit); return the largest id (-1 if none)."""
+        hi = -1
+        for a in range(0, self.num_tokens, _SCAN_CHUNK):
+            chunk = self.read(a, min(self.num_tokens, a + _SCAN_CHUNK))
+            m = int(chunk.max())
+            if limit is not None and m >= limit:
+                pos = a + int(np.argmax(chunk >= limit))
+                raise UserError(f"{self.source}: token id {int(chunk[pos - a])} at position {pos} is out of "
+                                f"vocabulary (expected < {what} {limit})")
+            hi = max(hi, m)
+        return hi
 
     # reading ------------------------------------------------------------------------------
 

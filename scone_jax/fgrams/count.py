@@ -1,8 +1,8 @@
 """Exact n-gram counts for n = 2..K with Apriori pruning, vectorised, on all cores, in bounded memory.
 
 Codes, not hashes: counting is exact. A bigram is coded `t0 * V + t1` (V = the vocabulary
-radix). After pass n-1, the n-grams that reached the minimum count get dense ids (their
-rank in sorted code order, which is also their lexicographic token order), and each
+radix). After pass n-1, the n-grams that reached the minimum count go into an
+open-addressing table (`HashIndex`) whose slot numbers serve as their ids, and each
 position gets the id of the (n-1)-gram starting there (-1 if it did not survive). An n-gram
 at position i is then a candidate only if both its (n-1)-prefix (`ids[i]`) and its
 (n-1)-suffix (`ids[i+1]`) survived (Apriori on both sides), and its code is
@@ -11,17 +11,19 @@ cross a document boundary: bigrams are masked at document starts and longer n-gr
 that from their prefix and suffix.
 
 Each pass reads the corpus in chunks on a thread pool (numpy releases the GIL), turns
-positions into candidate codes, and hash-partitions the codes; each partition is then sorted
-and run-length counted on its own. Where the per-position ids and the partitions live (RAM
-or temporary files) is chosen from the memory budget (`outofcore.plan`); the arithmetic is
-the same, so the output is identical.
+positions into candidate codes and partitions them (by their high 32 bits, so a partition
+stores uint32 keys when that suffices, and by a hash for balance); each partition is then
+sorted and run-length counted on its own. Where the per-position ids and the partitions live
+(RAM or temporary files) is chosen from the memory budget (`outofcore.plan`); the arithmetic
+is the same, so the output is identical.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from tqdm import tqdm
@@ -43,6 +45,9 @@ class Level:
     codes: np.ndarray  # uint64: prefix * V + last token (prefix: a token for n = 2, else an id)
     counts: np.ndarray  # int64
     candidates: int  # positions whose n-gram was counted at this length (after pruning)
+    # code -> slot; the slot is the id the next length's codes use as prefix, and
+    # index.vals[slot] is the row in `codes` (built when a longer length is counted)
+    index: HashIndex | None = None
 
 
 @dataclass
@@ -52,7 +57,6 @@ class Counts:
     key_vocab: int
     levels: list[Level]
     plan: outofcore.Plan | None = None
-    info: dict = field(default_factory=dict)
 
     @property
     def num_survivors(self) -> int:
@@ -64,7 +68,7 @@ class Counts:
         v = _U64(self.key_vocab)
         last = (codes % v).astype(np.int64)
         prefix = (codes // v).astype(np.int64)
-        head = prefix[:, None] if n == 2 else self.tokens(n - 1, prefix)
+        head = prefix[:, None] if n == 2 else self.tokens(n - 1, self.levels[n - 3].index.vals[prefix])
         return np.concatenate([head, last[:, None]], axis=1)
 
     def pooled(self, rows_by_level: list[np.ndarray] | None = None):
@@ -91,8 +95,6 @@ def count_ngrams(corpus: Corpus, max_n: int = 5, min_count: int = 5, *,
     if min_count < 1:
         raise UserError(f"minimum count {min_count} must be >= 1")
     corpus.check_nonempty()
-    import os
-
     budget = memory_budget or outofcore.default_budget()
     p = outofcore.plan(corpus.num_tokens, budget, workers or os.cpu_count() or 1, force_disk)
     radix = corpus.key_vocab()
@@ -112,41 +114,21 @@ def _count(corpus, max_n, min_count, radix, p, scratch, progress) -> list[Level]
     with ThreadPoolExecutor(p.workers) as pool:
         try:
             for n in range(2, max_n + 1):
-                prev_size = radix if n == 2 else len(levels[-1].codes)
-                if prev_size == 0:
+                if n >= 3 and not len(levels[-1].codes):
                     break
-                if prev_size * radix >= 2**64 or prev_size >= 2**31 - 1:
-                    raise UserError(f"{prev_size} surviving {n - 1}-grams with vocabulary {radix} overflow 64-bit codes; raise --min-count")
-                key_dtype = np.uint32 if prev_size * radix <= 2**32 else np.uint64
-                index = HashIndex(levels[-1].codes) if n >= 3 else None
-                _check_memory(levels, index, p)
-                if n < max_n and n >= 3:
+                index = None
+                if n >= 3:
+                    index = levels[-1].index = HashIndex(levels[-1].codes)
+                if n >= 3 and (index.capacity * radix >= 2**64 - 1 or index.capacity >= 2**31 - 1):
+                    raise UserError(f"{len(levels[-1].codes)} surviving {n - 1}-grams with vocabulary {radix} "
+                                    f"overflow 64-bit codes; raise --min-count")
+                _check_memory(levels, p)
+                ids_out = None
+                if 3 <= n < max_n:  # ids of the (n-1)-grams, read again by pass n+1
                     ids_out = (outofcore.MemoryIds(n_tok) if p.mode == "memory"
                                else outofcore.DiskIds(n_tok, scratch))
-                else:
-                    ids_out = None
-                parts = (outofcore.MemoryPartitions(p.partitions, key_dtype) if p.mode == "memory"
-                         else outofcore.DiskPartitions(p.partitions, key_dtype, scratch))
-                job = _PassJob(corpus, n, radix, max_n, index, ids_in, ids_out, parts, p.partitions)
-                bar = tqdm(total=n_tok, unit="tok", unit_scale=True, desc=f"count n={n}",
-                           disable=not progress, file=sys.stderr, leave=False)
-                try:
-                    futures = [pool.submit(job, a, min(a + p.chunk, n_tok)) for a in range(0, n_tok, p.chunk)]
-                    candidates = 0
-                    for fut in as_completed(futures):
-                        done, cands = fut.result()
-                        candidates += cands
-                        bar.update(done)
-                    bar.set_postfix_str("sorting")
-                    results = list(pool.map(lambda q: _count_partition(parts.take(q, p.partition_limit), min_count),
-                                            range(p.partitions)))
-                finally:
-                    bar.close()
-                    parts.close()
-                codes = np.concatenate([r[0] for r in results])
-                counts = np.concatenate([r[1] for r in results])
-                order = np.argsort(codes)
-                levels.append(Level(n, codes[order], counts[order], candidates))
+                levels.append(_one_pass(pool, corpus, n, radix, max_n, min_count, index, ids_in, ids_out,
+                                        p, scratch, progress))
                 if ids_in is not None:
                     ids_in.close()
                 ids_in, ids_out = ids_out, None
@@ -157,9 +139,40 @@ def _count(corpus, max_n, min_count, radix, p, scratch, progress) -> list[Level]
     return levels
 
 
-def _check_memory(levels: list[Level], index: HashIndex | None, p: outofcore.Plan) -> None:
-    held = sum(lv.codes.nbytes + lv.counts.nbytes for lv in levels) + (index.nbytes if index else 0)
-    if held > p.budget * 0.5:
+def _one_pass(pool, corpus, n, radix, max_n, min_count, index, ids_in, ids_out, p, scratch, progress) -> Level:
+    """Scan the corpus in chunks into partitions of candidate codes, then count each partition."""
+    n_tok = corpus.num_tokens
+    layout = _Layout.for_pass((radix if n == 2 else index.capacity) * radix, p)
+    parts = (outofcore.MemoryPartitions(layout.parts, layout.dtype) if p.mode == "memory"
+             else outofcore.DiskPartitions(layout.parts, layout.dtype, scratch))
+    job = _PassJob(corpus, n, radix, max_n, index, ids_in, ids_out, parts, layout)
+    bar = tqdm(total=n_tok, unit="tok", unit_scale=True, desc=f"count n={n}",
+               disable=not progress, file=sys.stderr, leave=False)
+
+    def count_part(q: int):
+        return _count_partition(parts.take(q, p.partition_limit), min_count, layout.base(q))
+
+    try:
+        futures = [pool.submit(job, a, min(a + p.chunk, n_tok)) for a in range(0, n_tok, p.chunk)]
+        candidates = 0
+        for fut in as_completed(futures):
+            done, cands = fut.result()
+            candidates += cands
+            bar.update(done)
+        bar.set_postfix_str("sorting")
+        results = list(pool.map(count_part, range(layout.parts)))
+    finally:
+        bar.close()
+        parts.close()
+    codes = np.concatenate([r[0] for r in results])
+    counts = np.concatenate([r[1] for r in results])
+    order = np.argsort(codes)
+    return Level(n, codes[order], counts[order], candidates)
+
+
+def _check_memory(levels: list[Level], p: outofcore.Plan) -> None:
+    held = sum(lv.codes.nbytes + lv.counts.nbytes + (lv.index.nbytes if lv.index else 0) for lv in levels)
+    if held > max(p.budget * 0.5, outofcore.MIN_SURVIVOR_BYTES):
         raise UserError(f"the surviving n-grams need {held / 2**20:.0f} MiB, more than half the memory budget "
                         f"({p.budget / 2**20:.0f} MiB); raise --memory-budget or --min-count")
 
@@ -176,7 +189,7 @@ class _PassJob:
     ids_in: object
     ids_out: object
     parts: object
-    num_parts: int
+    layout: _Layout
 
     def __call__(self, a: int, b: int) -> tuple[int, int]:
         n, L, v = self.n, b - a, _U64(self.radix)
@@ -185,45 +198,85 @@ class _PassJob:
         got = self.corpus.read(a, a + width)
         t[:len(got)] = got
         if n == 2:
-            starts = self.corpus.starts(a, a + L + 1)
-            sel = np.flatnonzero(~starts[1:L + 1])
-            codes = t[sel] * v + t[sel + 1]
+            ok = ~self.corpus.starts(a, a + L + 1)[1:]
+            codes = (t[:L] * v + t[1:L + 1])[ok]
         else:
             if n == 3:  # ids of the bigrams at a .. b (one past the chunk, for suffixes)
-                starts = self.corpus.starts(a, a + L + 2)
-                sel = np.flatnonzero(~starts[1:L + 2])
-                prev_codes = t[sel] * v + t[sel + 1]
+                ok = ~self.corpus.starts(a, a + L + 2)[1:]
+                prev_codes = (t[:L + 1] * v + t[1:L + 2])[ok]
             else:
                 prev = self.ids_in.read(a, a + L + 2)
-                sel = np.flatnonzero((prev[:L + 1] >= 0) & (prev[1:L + 2] >= 0))
-                prev_codes = prev[sel].astype(np.uint64) * v + t[sel + (n - 2)]
+                ok = (prev[:L + 1] >= 0) & (prev[1:] >= 0)
+                prev_codes = (prev[:L + 1].astype(np.uint64) * v + t[n - 2:n - 1 + L])[ok]
             ids = np.full(L + 1, -1, np.int32)
-            ids[sel] = self.index.get(prev_codes)
+            ids[ok] = self.index.slots(prev_codes)
             if self.ids_out is not None:
                 self.ids_out.write(a, ids[:L])
-            sel = np.flatnonzero((ids[:L] >= 0) & (ids[1:] >= 0))
-            codes = ids[sel].astype(np.uint64) * v + t[sel + (n - 1)]
+            ok = (ids[:L] >= 0) & (ids[1:] >= 0)
+            codes = (ids[:L].astype(np.uint64) * v + t[n - 1:n - 1 + L])[ok]
         self._scatter(codes)
         return L, len(codes)
 
     def _scatter(self, codes: np.ndarray) -> None:
-        dtype = self.parts.dtype
-        if self.num_parts == 1:
-            self.parts.add(0, codes.astype(dtype))
+        lay = self.layout
+        keys = codes.astype(lay.dtype)  # uint32: the low half, the range is the partition's
+        if lay.parts == 1:
+            self.parts.add(0, keys)
             return
-        bits = self.num_parts.bit_length() - 1
-        part = ((codes * _FIB) >> _U64(64 - bits)).astype(np.uint8 if bits <= 8 else np.uint16)
-        order = np.argsort(part, kind="stable")
-        bounds = np.cumsum(np.bincount(part, minlength=self.num_parts))[:-1]
-        for q, piece in enumerate(np.split(codes[order].astype(dtype), bounds)):
+        if lay.hash_bits:
+            part = codes * _FIB
+            part >>= _U64(64 - lay.hash_bits)
+        else:
+            part = np.zeros(len(codes), np.uint64)
+        if lay.ranges > 1:
+            hi = codes >> _U64(32)
+            hi <<= _U64(lay.hash_bits)
+            part |= hi
+        part = part.astype(np.uint8 if lay.parts <= 256 else np.uint16)
+        order = np.argsort(part, kind="stable")  # a radix sort on 8/16-bit keys
+        bounds = np.cumsum(np.bincount(part, minlength=lay.parts))[:-1]
+        for q, piece in enumerate(np.split(keys[order], bounds)):
             self.parts.add(q, piece)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How one pass's codes are split into partitions.
+
+    When codes span at most `MAX_PARTITIONS` ranges of 2**32, a code's range (its high
+    32 bits) picks a group of partitions and only the low 32 bits are stored: half the bytes
+    to move and a faster sort. Within a range, a hash of the code picks one of
+    2**hash_bits partitions, for balance across workers and to bound each partition's size.
+    """
+
+    ranges: int
+    hash_bits: int
+    dtype: type
+
+    @classmethod
+    def for_pass(cls, code_bound: int, p: outofcore.Plan) -> _Layout:
+        ranges = max(1, -(-code_bound // 2**32))
+        if ranges > outofcore.MAX_PARTITIONS:
+            return cls(1, max(0, p.partitions.bit_length() - 1), np.uint64)
+        per_range = -(-p.partitions // ranges)
+        hash_bits = max(0, (per_range - 1).bit_length())
+        while ranges << hash_bits > outofcore.MAX_PARTITIONS and hash_bits > 0:
+            hash_bits -= 1
+        return cls(ranges, hash_bits, np.uint32)
+
+    @property
+    def parts(self) -> int:
+        return self.ranges << self.hash_bits
+
+    def base(self, q: int) -> int:
+        return (q >> self.hash_bits) << 32 if self.dtype is np.uint32 else 0
 
 
 def _runs(k: np.ndarray, min_count: int) -> tuple[np.ndarray, np.ndarray]:
     """(distinct keys, counts) of a sorted array, keeping runs of length >= min_count."""
     n = len(k)
     if n < min_count or n == 0:
-        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+        return k[:0], np.zeros(0, np.int64)
     first = np.empty(n, bool)
     first[0] = True
     np.not_equal(k[1:], k[:-1], out=first[1:])
@@ -232,15 +285,21 @@ def _runs(k: np.ndarray, min_count: int) -> tuple[np.ndarray, np.ndarray]:
         first[:n - min_count + 1] &= k[min_count - 1:] == k[:n - min_count + 1]
     starts = np.flatnonzero(first)
     ends = np.searchsorted(k, k[starts], side="right")
-    return k[starts].astype(np.uint64), (ends - starts).astype(np.int64)
+    return k[starts], (ends - starts).astype(np.int64)
 
 
-def _count_partition(pieces, min_count: int) -> tuple[np.ndarray, np.ndarray]:
-    """Count one partition; pieces arrive one at a time when it does not fit in RAM at once."""
+def _count_partition(pieces, min_count: int, base: int) -> tuple[np.ndarray, np.ndarray]:
+    """Count one partition (codes = base + stored keys); pieces arrive one at a time when
+    the partition does not fit in RAM at once."""
+    keys, counts = _count_pieces(pieces, min_count)
+    return keys.astype(np.uint64) + _U64(base), counts
+
+
+def _count_pieces(pieces, min_count: int) -> tuple[np.ndarray, np.ndarray]:
     it = iter(pieces)
     k = next(it, None)
     if k is None:
-        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+        return np.zeros(0, np.uint32), np.zeros(0, np.int64)
     nxt = next(it, None)
     k.sort()
     if nxt is None:

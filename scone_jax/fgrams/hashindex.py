@@ -1,10 +1,10 @@
-"""A vectorised open-addressing hash map from unique uint64 keys to small non-negative ints.
+"""A vectorised open-addressing hash map from unique uint64 keys to non-negative ints.
 
-Counting and tagging both map millions of exact n-gram codes to ids per pass. A sorted array
+Counting and tagging map millions of exact n-gram codes to ids per pass. A sorted array
 plus `np.searchsorted` costs ~log2(n) dependent cache misses per query; this table costs
-about one (load factor <= 1/2, linear probing, Fibonacci hashing), and both the build and
-the lookups are whole-array numpy operations (no Python loop per key; a few rounds of
-probing, each on the shrinking set of queries still unresolved).
+about one (load factor <= 1/2, linear probing, Fibonacci hashing). Build and lookups are whole-array numpy
+operations (a few probing rounds, each on the shrinking set of queries still unresolved),
+never a Python loop per key.
 """
 
 from __future__ import annotations
@@ -14,33 +14,34 @@ import numpy as np
 _FIB_INT = 0x9E3779B97F4A7C15
 _FIB = np.uint64(_FIB_INT)
 _M64 = (1 << 64) - 1
+EMPTY = np.uint64(_M64)  # the one key value that cannot be stored
 
 
 class HashIndex:
-    """`index.get(queries)` returns the value stored for each query key, or -1.
+    """`index.get(queries)`: the value stored for each query key, or -1.
+    `index.slots(queries)`: the slot holding each query key, or -1 (one gather per query:
+    callers that can use the slot itself as a dense id skip the value table).
 
-    The keys must be unique (callers pass sorted unique arrays); values default to the
-    position of each key.
+    Keys must be unique and differ from 2**64 - 1; values default to each key's position.
     """
 
-    def __init__(self, keys: np.ndarray, values: np.ndarray | None = None, load: float = 0.5):
+    def __init__(self, keys: np.ndarray, values: np.ndarray | None = None, load: float = 0.25):
         keys = np.ascontiguousarray(keys, dtype=np.uint64)
         n = len(keys)
-        if values is None:
-            values = np.arange(n, dtype=np.int64)
-        values = np.asarray(values)
+        values = np.arange(n, dtype=np.int64) if values is None else np.asarray(values, np.int64)
         if values.shape != (n,) or (n and values.min() < 0):
             raise ValueError("HashIndex values must be non-negative, one per key")
+        if n and np.any(keys == EMPTY):
+            raise ValueError("HashIndex cannot store the key 2**64 - 1")
         self.bits = max(4, int(np.ceil(np.log2(max(n, 1) / load))))
         size = 1 << self.bits
         self._shift = np.uint64(64 - self.bits)
         self._mask = size - 1
-        vdtype = np.int32 if max(n, int(values.max()) if n else 0) < 2**31 - 1 else np.int64
-        self.keys = np.zeros(size, np.uint64)
-        self.vals = np.full(size, -1, vdtype)
+        self.keys = np.full(size, EMPTY, np.uint64)
+        self.vals = np.full(size, -1, np.int64)
         self.size = n
-        # Insert: every round, pending keys whose current slot is free try to claim it
-        # (last writer wins); the winners stay, everyone else probes the next slot.
+        # Every round, pending keys whose current slot is free claim it (last writer wins);
+        # the winners stay, everyone else probes the next slot.
         idx = np.arange(n, dtype=np.int64)
         slot = self._slot(keys)
         while idx.size:
@@ -55,41 +56,55 @@ class HashIndex:
             slot = (slot[stay] + 1) & self._mask
         occupied = self.vals >= 0
         self.vals[occupied] = values[self.vals[occupied]]
+        if n == 0 or values.max() < 2**31 - 1:
+            self.vals = self.vals.astype(np.int32)
 
     def _slot(self, q: np.ndarray) -> np.ndarray:
-        return ((q * _FIB) >> self._shift).astype(np.int64)
+        s = q * _FIB
+        s >>= self._shift
+        return s.view(np.int64)
 
-    def get(self, queries: np.ndarray) -> np.ndarray:
+    def slots(self, queries: np.ndarray) -> np.ndarray:
         q = np.ascontiguousarray(queries, dtype=np.uint64)
         slot = self._slot(q)
-        v = self.vals[slot]
-        hit = v >= 0
-        miss_or_probe = hit.copy()
-        hit &= self.keys[slot] == q
-        out = np.where(hit, v, -1).astype(self.vals.dtype, copy=False)
-        miss_or_probe &= ~hit  # occupied by another key: keep probing
-        idx = np.flatnonzero(miss_or_probe)
-        slot = slot[idx]
-        while idx.size:
-            slot = (slot + 1) & self._mask
-            v = self.vals[slot]
-            occ = v >= 0
-            hit = occ & (self.keys[slot] == q[idx])
-            out[idx[hit]] = v[hit]
-            more = occ & ~hit
-            idx, slot = idx[more], slot[more]
+        tk = self.keys[slot]
+        eq = tk == q
+        out = np.where(eq, slot, -1)
+        probe = np.flatnonzero((tk != EMPTY) & ~eq)  # occupied by another key: keep probing
+        while probe.size:
+            s = (slot[probe] + 1) & self._mask
+            slot[probe] = s
+            tk = self.keys[s]
+            eq = tk == q[probe]
+            out[probe[eq]] = s[eq]
+            probe = probe[(tk != EMPTY) & ~eq]
         return out
 
-    def get_one(self, key: int) -> int:
-        """Scalar lookup (streaming tagging): a few item reads, no array allocation."""
+    def get(self, queries: np.ndarray) -> np.ndarray:
+        s = self.slots(queries)
+        out = np.full(len(s), -1, self.vals.dtype)
+        hit = s >= 0
+        out[hit] = self.vals[s[hit]]
+        return out
+
+    def slot_one(self, key: int) -> int:
+        """Scalar `slots` (streaming tagging): a few item reads, no array allocation."""
         slot = ((key * _FIB_INT) & _M64) >> (64 - self.bits)
         while True:
-            v = int(self.vals[slot])
-            if v < 0:
+            k = int(self.keys[slot])
+            if k == key:
+                return slot
+            if k == _M64:
                 return -1
-            if int(self.keys[slot]) == key:
-                return v
             slot = (slot + 1) & self._mask
+
+    def get_one(self, key: int) -> int:
+        slot = self.slot_one(key)
+        return int(self.vals[slot]) if slot >= 0 else -1
+
+    @property
+    def capacity(self) -> int:
+        return self._mask + 1
 
     @property
     def nbytes(self) -> int:

@@ -1,7 +1,7 @@
 """Where counting keeps its per-pass state: in RAM, or spilled to disk when it would not fit.
 
 Two kinds of state grow with the corpus: the survivor id of every position (read and
-written once per pass) and the candidate keys of one pass, hash-partitioned so that each
+written once per pass) and the candidate keys of one pass, partitioned so that each
 partition is counted on its own. `plan()` picks RAM or disk from the memory budget; the
 counting code is the same either way, so both paths give identical output.
 """
@@ -25,6 +25,8 @@ CHUNK_BYTES_PER_TOKEN = 96
 # the sort of one partition at a time per worker.
 RAM_BYTES_PER_TOKEN = 20
 MIN_CHUNK, MAX_CHUNK = 1 << 12, 1 << 20
+# survivor tables this small are always allowed, however tiny the budget (tests force it)
+MIN_SURVIVOR_BYTES = 64 << 20
 # open partition files at once; beyond this, partitions are counted in pieces and merged
 MAX_PARTITIONS = 256
 
@@ -71,7 +73,7 @@ def plan(num_tokens: int, budget: int, workers: int, force_disk: bool = False) -
     chunk = int(np.clip(budget // (4 * workers * CHUNK_BYTES_PER_TOKEN), MIN_CHUNK, MAX_CHUNK))
     in_ram = RAM_BYTES_PER_TOKEN * num_tokens + workers * chunk * CHUNK_BYTES_PER_TOKEN
     if not force_disk and in_ram <= budget * 0.6:
-        return Plan("memory", workers, chunk, _pow2(2 * workers), budget)
+        return Plan("memory", workers, chunk, MAX_PARTITIONS, budget)
     # each partition's keys (8 B) plus sort scratch must fit a quarter of the budget per worker
     per_partition = max(1, budget // (4 * workers * 10))
     parts = _pow2(max(2 * workers, -(-num_tokens // per_partition)))

@@ -20,6 +20,9 @@ from scone_jax.fgrams.tag import StreamingTagger, tag_tokens
 from scone_jax.serve.engine import Engine
 
 
+SHAPE_BUCKET = 64
+
+
 @dataclass(frozen=True)
 class Sampling:
     temperature: float = 0.0  # 0 = greedy
@@ -79,11 +82,14 @@ def generate(engine: Engine, prompts: list[list[int]], max_new_tokens: int, samp
     if max_new_tokens <= 0:
         return [[] for _ in prompts]
     prompts = [np.asarray(p, np.int64) for p in prompts]
-    batch, width = len(prompts), max(len(p) for p in prompts)
-    total = width + max_new_tokens
-    if total > engine.model.cfg.max_seq_len:
-        raise UserError(f"prompt ({width}) + max_new_tokens ({max_new_tokens}) exceeds the model's "
-                        f"max_seq_len={engine.model.cfg.max_seq_len}")
+    batch, longest = len(prompts), max(len(p) for p in prompts)
+    limit = engine.model.cfg.max_seq_len
+    if longest + max_new_tokens > limit:
+        raise UserError(f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+                        f"max_seq_len={limit}")
+    # shapes in buckets, so new prompt lengths and generation lengths rarely recompile
+    width = min(-(-longest // SHAPE_BUCKET) * SHAPE_BUCKET, limit - max_new_tokens)
+    total = min(-(-(width + max_new_tokens) // SHAPE_BUCKET) * SHAPE_BUCKET, limit)
     tokens = np.zeros((batch, width), np.int32)
     for b, p in enumerate(prompts):
         tokens[b, width - len(p):] = p

@@ -20,8 +20,6 @@ import numpy as np
 import tensorstore as ts
 
 from scone_jax.errors import UserError
-from scone_jax.fgrams.store import ARRAYS as FGRAM_SET_ARRAYS
-from scone_jax.fgrams.store import FgramSet
 from scone_jax.export.table_store import (
     FGRAM_SET_DIR,
     FORMAT_VERSION,
@@ -36,6 +34,8 @@ from scone_jax.export.table_store import (
     range_checksum,
     read_json,
 )
+from scone_jax.fgrams.store import ARRAYS as FGRAM_SET_ARRAYS
+from scone_jax.fgrams.store import FgramSet
 
 TIERS = ("device", "host", "disk")
 

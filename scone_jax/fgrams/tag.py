@@ -1,0 +1,318 @@
+"""Which f-gram each token gets (SCONE.md section 3): the longest f-gram ending at it.
+
+Exact and vectorised. A built set is closed under prefixes and suffixes (a prefix or
+suffix of an f-gram occurs at least as often and ranks earlier, shorter first), which
+gives a chained lookup with one probe per length and no hashing of whole n-grams:
+
+    slot2[i] = table2[t[i-1] * V + t[i]]                     (i not a document start)
+    slotn[i] = tablen[slot(n-1)[i-1] * V + t[i]]              where slot(n-1)[i-1] >= 0
+                                                               and slot(n-1)[i] >= 0
+
+The second condition (the suffix survived) prunes lookups and keeps matches inside a
+document. The f-gram id is `tablen.vals[slot]`; the longest hit wins. Closure is checked
+when a `Tagger` is built. Tags are written beside a tokenized dataset
+(`DATASET/tags/<set fingerprint>/`) by `tags_for_dataset`, which training calls.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from scone_jax.atomic import atomic_dir
+from scone_jax.errors import UserError
+from scone_jax.fgrams.corpus import Corpus
+from scone_jax.fgrams.hashindex import HashIndex
+
+TAG_CHUNK = 1 << 20
+TAGS_DIR = "tags"
+
+
+class Tagger:
+    """Per-length tables: code (prefix slot or first token) * V + last token -> slot -> id."""
+
+    def __init__(self, fs):
+        self.max_n, self.radix = fs.max_n, fs.key_vocab
+        self.num_fgrams = fs.num_fgrams
+        v = np.uint64(self.radix)
+        toks = fs.tokens.astype(np.int64)
+        lengths = fs.lengths.astype(np.int64)
+        self.tables: dict[int, HashIndex] = {}
+        for n in range(2, self.max_n + 1):
+            rows = np.flatnonzero(lengths == n)
+            prefix = self._chain(toks[rows, :n - 1], n - 1) if n > 2 else toks[rows, 0]
+            if np.any(prefix < 0):
+                raise UserError(f"f-gram set {fs.path or ''} is not closed under prefixes "
+                                f"(f-gram {int(rows[np.argmax(prefix < 0)])} lacks its prefix); was it built by `scone-jax fgrams build`?")
+            self.tables[n] = HashIndex(prefix.astype(np.uint64) * v + toks[rows, n - 1].astype(np.uint64), rows,
+                                       load=0.5)  # smaller tables: tagging is bound by cache misses
+        for n in range(3, self.max_n + 1):  # suffix closure, which the pruning relies on
+            rows = np.flatnonzero(lengths == n)
+            if np.any(self._chain(toks[rows, 1:n], n - 1) < 0):
+                raise UserError(f"f-gram set {fs.path or ''} is not closed under suffixes; was it built by `scone-jax fgrams build`?")
+
+    def _chain(self, toks: np.ndarray, n: int) -> np.ndarray:
+        """Slot in table n of each row of toks [R, n] (-1 where some prefix is missing)."""
+        v = np.uint64(self.radix)
+        slot = self.tables[2].slots(toks[:, 0].astype(np.uint64) * v + toks[:, 1].astype(np.uint64))
+        for k in range(3, n + 1):
+            ok = np.flatnonzero(slot >= 0)
+            nxt = np.full(len(slot), -1, np.int64)
+            nxt[ok] = self.tables[k].slots(slot[ok].astype(np.uint64) * v + toks[ok, k - 1].astype(np.uint64))
+            slot = nxt
+        return slot
+
+    def tag_window(self, t: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Tags for every position of a window; position 0 is treated as having no left context.
+
+        `starts[i]` is True where a document starts. Callers discard the first K-1 positions
+        of a window that begins mid-document (they are context for the rest).
+        """
+        m, v = len(t), np.uint64(self.radix)
+        ids = np.full(m, -1, np.int32)
+        lens = np.zeros(m, np.uint8)
+        if m < 2 or not self.num_fgrams:
+            return ids, lens
+        known = t < self.radix
+        t = t.astype(np.uint64)
+        ok = ~starts[1:] & known[1:] & known[:-1]  # the bigram ending at i (masks are for i >= 1)
+        cur = np.full(m, -1, np.int64)
+        cur[1:][ok] = self.tables[2].slots((t[:-1] * v + t[1:])[ok])
+        for n in range(2, self.max_n + 1):
+            if n > 2:  # extend the (n-1)-gram ending at i-1 when the one ending at i exists too
+                ok = (cur[:-1] >= 0) & (cur[1:] >= 0)
+                if not ok.any():
+                    break
+                nxt = np.full(m, -1, np.int64)
+                nxt[1:][ok] = self.tables[n].slots((cur[:-1].astype(np.uint64) * v + t[1:])[ok])
+                cur = nxt
+            hit = cur >= 0
+            ids[hit] = self.tables[n].vals[cur[hit]]
+            lens[hit] = n
+        return ids, lens
+
+
+def tag_tokens(fs, tokens, doc_offsets=None) -> tuple[np.ndarray, np.ndarray]:
+    """Tag an in-memory token array (documents from `doc_offsets`, default one document)."""
+    tokens = np.asarray(tokens)
+    if tokens.size and tokens.min() < 0:
+        raise UserError(f"negative token id {int(tokens.min())} (expected ids >= 0)")
+    starts = np.zeros(len(tokens), bool)
+    if doc_offsets is not None:
+        offs = np.asarray(doc_offsets)
+        starts[offs[offs < len(tokens)]] = True
+    if len(tokens):
+        starts[0] = True
+    return fs.tagger().tag_window(tokens, starts)
+
+
+def tag_corpus(fs, corpus: Corpus, out_ids=None, out_lengths=None, *, workers: int | None = None,
+               progress: bool = True, chunk: int | None = None, keep: bool = True,
+               memory_budget: int | None = None):
+    """Tag a whole corpus chunk by chunk on a thread pool.
+
+    Returns (ids, lengths, match_length_histogram); ids/lengths are in-memory arrays, or
+    `.npy` memmaps when `out_ids` / `out_lengths` paths are given (a corpus larger than RAM),
+    or None with `keep=False` (statistics only). Chunks of `chunk` tokens (default: a million,
+    fewer when `memory_budget` asks, at ~100 bytes per token in flight per worker).
+    """
+    check_vocab(fs, corpus)
+    tagger = fs.tagger()
+    n_tok, k = corpus.num_tokens, fs.max_n
+    workers = workers or os.cpu_count() or 1
+    if chunk is None:
+        chunk = TAG_CHUNK if memory_budget is None else int(np.clip(memory_budget // (4 * workers * 100),
+                                                                    1 << 12, TAG_CHUNK))
+    if out_ids is not None:
+        ids = np.lib.format.open_memmap(out_ids, mode="w+", dtype=np.int32, shape=(n_tok,))
+        lens = np.lib.format.open_memmap(out_lengths, mode="w+", dtype=np.uint8, shape=(n_tok,))
+    elif keep:
+        ids, lens = np.empty(n_tok, np.int32), np.empty(n_tok, np.uint8)
+    else:
+        ids = lens = None
+
+    def job(a: int) -> np.ndarray:
+        b = min(a + chunk, n_tok)
+        lo = max(0, a - (k - 1))
+        t = corpus.read(lo, b)
+        starts = corpus.starts(lo, b)
+        i, n = tagger.tag_window(t, starts)
+        if ids is not None:
+            ids[a:b], lens[a:b] = i[a - lo:], n[a - lo:]
+        return np.bincount(n[a - lo:], minlength=k + 1)
+
+    hist = np.zeros(k + 1, np.int64)
+    bar = tqdm(total=n_tok, unit="tok", unit_scale=True, desc="tag", disable=not progress,
+               file=sys.stderr, leave=False)
+    with ThreadPoolExecutor(workers) as pool:
+        for h in pool.map(job, range(0, n_tok, chunk)):
+            hist += h
+            bar.update(int(h.sum()))
+    bar.close()
+    if out_ids is not None:
+        ids.flush()
+        lens.flush()
+    return ids, lens, hist
+
+
+def check_vocab(fs, corpus: Corpus) -> None:
+    """Tokens the set's vocabulary does not know are an error when both sides declare one."""
+    fs.check_tokenizer(corpus.tokenizer_sha256, corpus.source)
+    if fs.vocab_size is not None and corpus.vocab_size is not None and corpus.vocab_size > fs.vocab_size:
+        raise UserError(f"{corpus.source} has vocab size {corpus.vocab_size} but the f-gram set was counted "
+                        f"with vocab size {fs.vocab_size}")
+    if fs.vocab_size is not None and corpus.vocab_size is None:
+        corpus.check_below(fs.vocab_size, "the f-gram set's vocab size")
+
+
+# -- tags beside a tokenized dataset ---------------------------------------------------------------
+
+
+def tags_dir(dataset_path: str | os.PathLike, fs) -> Path:
+    return Path(dataset_path) / TAGS_DIR / fs.fingerprint[:16]
+
+
+def tags_for_dataset(dataset, fs, *, workers: int | None = None,
+                     progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(ids int32 [N], lengths uint8 [N]) for every token of a tokenized dataset.
+
+    Loads `DATASET/tags/<fingerprint>/` when it exists and matches this set and dataset;
+    otherwise tags once and saves there (atomically) so training never recomputes. A
+    read-only dataset directory falls back to tagging in memory.
+    """
+    if isinstance(dataset, str | os.PathLike):
+        from scone_jax.data.dataset import TokenizedDataset
+
+        dataset = TokenizedDataset.open(dataset)
+    fs.check_tokenizer(dataset.meta.get("tokenizer_sha256"), str(dataset.path))
+    final = tags_dir(dataset.path, fs)
+    want = {"fgram_fingerprint": fs.fingerprint, "tokens_sha256": dataset.meta.get("tokens_sha256"),
+            "num_tokens": dataset.num_tokens}
+    found = _load_tags(final, want)
+    if found is not None:
+        return found
+    corpus = Corpus.from_dataset(dataset)
+    try:
+        with atomic_dir(final, overwrite=True) as tmp:
+            _, _, hist = tag_corpus(fs, corpus, tmp / "ids.npy", tmp / "lengths.npy",
+                                    workers=workers, progress=progress)
+            (tmp / "meta.json").write_text(json.dumps({**want, "match_length_histogram": hist.tolist(),
+                                                       "fgram_set": str(fs.path or "")}, indent=2) + "\n")
+    except PermissionError:
+        print(f"warning: cannot write tags beside {dataset.path}; tagging in memory", file=sys.stderr)
+        ids, lens, _ = tag_corpus(fs, corpus, workers=workers, progress=progress)
+        return ids, lens
+    except OSError:
+        found = _load_tags(final, want)  # another process finished first
+        if found is None:
+            raise
+        return found
+    found = _load_tags(final, want)
+    assert found is not None
+    return found
+
+
+def _load_tags(directory: Path, want: dict):
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+        if any(meta.get(k) != v for k, v in want.items()):
+            return None
+        ids = np.load(directory / "ids.npy", mmap_mode="r")
+        lens = np.load(directory / "lengths.npy", mmap_mode="r")
+    except (OSError, ValueError):
+        return None
+    if ids.shape != (want["num_tokens"],) or lens.shape != ids.shape:
+        return None
+    return ids, lens
+
+
+# -- decoding -------------------------------------------------------------------------------------
+
+
+class StreamingTagger:
+    """The f-gram of each new token while decoding.
+
+    `match(last_tokens, token)` is stateless: give the previous K-1 tokens of the document
+    (fewer at its start) and the new token. `push(token)` keeps that state itself (O(K)
+    probes); `reset()` at a document boundary. `match_batch` does many sequences at once
+    (prefill and batched decoding), with contexts left-padded by -1.
+    """
+
+    def __init__(self, fs):
+        self.t = fs.tagger()
+        self.k, self.radix = fs.max_n, fs.key_vocab
+        self.reset()
+
+    def reset(self) -> None:
+        self._prev_token = -1
+        self._prev = [-1] * (self.k + 1)  # slot of the n-gram ending at the previous token
+
+    def _probe(self, n: int, code_prefix: int, token: int) -> int:
+        return self.t.tables[n].slot_one(code_prefix * self.radix + token)
+
+    def match(self, last_tokens, token: int) -> tuple[int, int]:
+        w = [int(x) for x in list(last_tokens)[-(self.k - 1):]] + [int(token)]
+        if any(x < 0 for x in w):
+            raise UserError("negative token id in streaming tagging input")
+        best = (-1, 0)
+        for n in range(2, len(w) + 1):  # suffix closure: stop at the first miss
+            seg = w[len(w) - n:]
+            if any(x >= self.radix for x in seg):
+                break
+            slot = self._probe(2, seg[0], seg[1])
+            for k in range(3, n + 1):
+                if slot < 0:
+                    break
+                slot = self._probe(k, slot, seg[k - 1])
+            if slot < 0:
+                break
+            best = (int(self.t.tables[n].vals[slot]), n)
+        return best
+
+    def push(self, token: int) -> tuple[int, int]:
+        token = int(token)
+        cur = [-1] * (self.k + 1)
+        best = (-1, 0)
+        if 0 <= token < self.radix and self._prev_token >= 0:
+            cur[2] = self._probe(2, self._prev_token, token)
+            for n in range(2, self.k + 1):
+                if n > 2:
+                    if self._prev[n - 1] < 0 or cur[n - 1] < 0:
+                        break
+                    cur[n] = self._probe(n, self._prev[n - 1], token)
+                if cur[n] < 0:
+                    break
+                best = (int(self.t.tables[n].vals[cur[n]]), n)
+        self._prev, self._prev_token = cur, (token if 0 <= token < self.radix else -1)
+        return best
+
+    def match_batch(self, contexts: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """contexts [B, K-1] (left-padded with -1), tokens [B] -> (ids [B], lengths [B])."""
+        w = np.concatenate([np.asarray(contexts, np.int64).reshape(len(tokens), -1)[:, -(self.k - 1):],
+                            np.asarray(tokens, np.int64)[:, None]], axis=1)
+        b, m = w.shape
+        ok = (w >= 0) & (w < self.radix)
+        v = np.uint64(self.radix)
+        ids = np.full(b, -1, np.int32)
+        lens = np.zeros(b, np.uint8)
+        cur = np.full((b, m - 1), -1, np.int64)  # cur[:, j]: slot of the n-gram starting at j
+        sel = np.nonzero(ok[:, :-1] & ok[:, 1:])
+        cur[sel] = self.t.tables[2].slots(w[:, :-1][sel].astype(np.uint64) * v + w[:, 1:][sel].astype(np.uint64))
+        for n in range(2, m + 1):
+            if n > 2:
+                nxt = np.full((b, m - n + 1), -1, np.int64)
+                sel = np.nonzero(cur[:, :-1] >= 0)
+                nxt[sel] = self.t.tables[n].slots(cur[:, :-1][sel].astype(np.uint64) * v
+                                                  + w[:, n - 1:][sel].astype(np.uint64))
+                cur = nxt
+            last = cur[:, -1]
+            hit = np.flatnonzero(last >= 0)
+            ids[hit] = self.t.tables[n].vals[last[hit]]
+            lens[hit] = n
+        return ids, lens
