@@ -63,7 +63,8 @@ def main() -> None:
         print(rows[-1], flush=True)
     results = REPO / "experiments" / "results"
     results.mkdir(parents=True, exist_ok=True)
-    (results / "wikitext_scone_vs_baseline.json").write_text(json.dumps(rows, indent=2) + "\n")
+    public = [{k: v for k, v in r.items() if k != "dataset"} for r in rows]
+    (results / "wikitext_scone_vs_baseline.json").write_text(json.dumps(public, indent=2) + "\n")
     lines = [f"# SCONE vs baseline on WikiText-2 (CPU scale, {args.steps} steps)", "",
              "Train: WikiText-2 valid (95% of its blank-line documents); held out: the other 5%. "
              "Backbone d 64, 2 layers, seq 64, batch 16, vocab 1024 (sentencepiece BPE). SCONE: K = 4, "
