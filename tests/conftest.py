@@ -10,7 +10,18 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+def _shared_data() -> Path:
+    """../shared/data beside the checkout; SCONE_SHARED_DATA or /work/shared/data for clones elsewhere."""
+    candidates = [os.environ.get("SCONE_SHARED_DATA", ""), Path(__file__).resolve().parents[2] / "shared" / "data",
+                  "/work/shared/data"]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    return Path(candidates[1])
+
+
+SHARED_DATA = _shared_data()
 
 
 def markov_documents(rng: np.random.Generator, vocab: int, num_docs: int, mean_len: int,

@@ -19,7 +19,6 @@ from scone_jax.errors import UserError
 from scone_jax.fgrams.tag import StreamingTagger, tag_tokens
 from scone_jax.serve.engine import Engine
 
-
 SHAPE_BUCKET = 64
 
 

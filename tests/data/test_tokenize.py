@@ -25,8 +25,8 @@ from scone_jax.data.tokenize import (
 )
 from scone_jax.data.tokenizer import Tokenizer
 from scone_jax.errors import UserError
+from tests.conftest import SHARED_DATA
 
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 REPO = Path(__file__).resolve().parents[2]
 # Run only the tokenize command through main's dispatch and error handling, so these tests
 # do not depend on the other command modules.
