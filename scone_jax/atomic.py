@@ -40,12 +40,17 @@ def atomic_dir(final: str | os.PathLike, overwrite: bool = False) -> Iterator[Pa
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write `text` to `path` via a temporary file in the same directory and a rename."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to `path` via a temporary file in the same directory and a rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

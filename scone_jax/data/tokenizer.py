@@ -9,18 +9,17 @@ bytes and travels with every artifact made with the tokenizer.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import os
 import re
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
 
+from scone_jax.atomic import atomic_write_bytes
 from scone_jax.errors import UserError
 
 MODEL_TYPES = ("bpe", "unigram")
@@ -89,7 +88,7 @@ class Tokenizer:
         except RuntimeError as e:
             raise UserError(_explain_training_error(str(e), vocab_size, model_type)) from None
         data = writer.getvalue()
-        _write_bytes_atomic(Path(out_path), data)
+        atomic_write_bytes(Path(out_path), data)
         return cls(data, out_path)
 
     @property
@@ -170,18 +169,3 @@ def _explain_training_error(message: str, vocab_size: int, model_type: str) -> s
         return (f"tokenizer vocab_size={vocab_size} is too large for this corpus (expected <= {m.group(1)} "
                 f"for a {model_type} model; use a larger corpus or a smaller vocab size)")
     return f"sentencepiece training failed with vocab_size={vocab_size}, model_type={model_type!r}: {message.strip()}"
-
-
-def _write_bytes_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
