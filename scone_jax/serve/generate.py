@@ -8,7 +8,7 @@ with optional top-k and top-p; a fixed seed gives a fixed output.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import jax
@@ -101,6 +101,7 @@ def generate(engine: Engine, prompts: list[list[int]], max_new_tokens: int, samp
     out: list[list[int]] = [[] for _ in prompts]
     done = np.zeros(batch, bool)
     tagger = StreamingTagger(engine.lookup.table.fgram_set) if engine.lookup else None
+    step_lookup = engine.lookup and replace(engine.lookup, granule=batch)  # one row per sequence at most
     k = engine.max_n or 2
     for step in range(max_new_tokens):
         key, sub = jax.random.split(key)
@@ -119,8 +120,8 @@ def generate(engine: Engine, prompts: list[list[int]], max_new_tokens: int, samp
                 tail = history[b][-k:-1]
                 context[b, k - 1 - len(tail):] = tail
             ids[:, 0] = tagger.match_batch(context, new.astype(np.int64))[0]
-        logits, cache = engine.decode_step(new[:, None].astype(np.int32), engine.prepare(ids), cache,
-                                           width + step, first_valid)
+        prepared = step_lookup.prepare(ids) if step_lookup else {}
+        logits, cache = engine.decode_step(new[:, None].astype(np.int32), prepared, cache, width + step, first_valid)
     return out
 
 
