@@ -81,6 +81,11 @@ def export_table(run_dir: str | Path, url: str, dtype: str = "float32", step: in
     """Export the table of run `run_dir` to `url`; resumes an unfinished export of the same checkpoint."""
     if dtype not in ROW_DTYPES:
         raise UserError(f"table dtype {dtype!r} (expected one of {ROW_DTYPES})")
+    if jax.process_count() > 1:
+        # ranges are split by process, but the jitted f-gram model spans the global mesh, which
+        # needs every process to feed the same rows: run export as one process until that is fixed
+        raise UserError("export runs as a single process for now (its mesh may span all local devices); "
+                        f"this job has {jax.process_count()} processes")
     final = parse_location(url)
     if read_json(final, META) is not None and not overwrite:
         raise UserError(f"table {url} already exists (remove it or pass --overwrite)")
