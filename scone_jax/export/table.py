@@ -82,8 +82,7 @@ def export_table(run_dir: str | Path, url: str, dtype: str = "float32", step: in
     if dtype not in ROW_DTYPES:
         raise UserError(f"table dtype {dtype!r} (expected one of {ROW_DTYPES})")
     if jax.process_count() > 1:
-        # ranges are split by process, but the jitted f-gram model spans the global mesh, which
-        # needs every process to feed the same rows: run export as one process until that is fixed
+        # a per-process split of the ranges needs process-local meshes for the f-gram model
         raise UserError("export runs as a single process for now (its mesh may span all local devices); "
                         f"this job has {jax.process_count()} processes")
     final = parse_location(url)
@@ -109,8 +108,7 @@ def export_table(run_dir: str | Path, url: str, dtype: str = "float32", step: in
     work = parse_location(str(final.local_path) + ".partial") if final.local_path else final
     if final.local_path and final.local_path.exists() and overwrite:
         shutil.rmtree(final.local_path)
-    progress_key = f"{PROGRESS}.{jax.process_index()}"  # one per process: no write races
-    state = read_json(work, progress_key)
+    state = read_json(work, PROGRESS)
     if state is not None and state["header"] != header:
         raise UserError(f"an unfinished export at {work.url} is of something else (another checkpoint, dtype "
                         "or f-gram set); remove it to start over")
@@ -123,12 +121,11 @@ def export_table(run_dir: str | Path, url: str, dtype: str = "float32", step: in
     fn = fgram_rows_fn(run, run.cfg.fgrams.combine)
     ranges = [(a, min(a + range_rows, num_rows)) for a in range(0, num_rows, range_rows)]
     done = {(a, b) for a, b, _ in state["done"]}
-    mine = [r for i, r in enumerate(ranges) if i % jax.process_count() == jax.process_index()]
     start = time.perf_counter()
     bar = tqdm(total=num_rows, initial=sum(b - a for a, b in done), desc="export", unit="row",
-               file=sys.stderr, disable=not progress or jax.process_index() != 0, dynamic_ncols=True)
+               file=sys.stderr, disable=not progress, dynamic_ncols=True)
     computed = 0
-    for a, b in mine:
+    for a, b in ranges:
         if (a, b) in done:
             continue
         rows = compute_range(fn, run.params, fgram_set, a, b, batch_rows, shardings)
@@ -137,30 +134,21 @@ def export_table(run_dir: str | Path, url: str, dtype: str = "float32", step: in
         if scales_arr is not None:
             scales_arr[a:b].write(scale).result()
         state["done"].append([a, b, range_checksum(stored, scale)])
-        write_json(work, progress_key, state)  # after the data: a range is done only once written
+        write_json(work, PROGRESS, state)  # after the data: a range is done only once written
         computed += b - a
         bar.update(b - a)
     bar.close()
     elapsed = time.perf_counter() - start
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices("scone_export_rows_written")
-    if jax.process_index() != 0:
-        return {"complete": None, "rows_computed": computed}
     # the f-gram set (tokens, keys and their ids: the key index) travels with the table
     store = kvstore(work)
     for path in sorted(Path(fgram_set.path).iterdir()):
         if path.is_file() and (path.suffix == ".npy" or path.name == "meta.json"):
             store.write(f"{FGRAM_SET_DIR}/{path.name}", path.read_bytes()).result()
-    done = [tuple(r) for p in range(jax.process_count()) for r in (read_json(work, f"{PROGRESS}.{p}") or {"done": []})["done"]]
-    if sorted((a, b) for a, b, _ in done) != ranges:
-        raise UserError(f"export to {url} is missing row ranges after all processes finished")
+    done = [tuple(r) for r in state["done"]]
     meta = {**header, "ranges": [[a, b] for a, b, _ in sorted(done)], "checksum": combine_checksums(done),
-            "rows_per_s": computed * jax.process_count() / elapsed if elapsed > 0 and computed else None}
+            "rows_per_s": computed / elapsed if elapsed > 0 and computed else None}
     write_json(work, META, meta)  # the commit point for object stores
     if final.local_path:
-        for p in range(jax.process_count()):
-            Path(work.local_path / f"{PROGRESS}.{p}").unlink(missing_ok=True)
+        (work.local_path / PROGRESS).unlink(missing_ok=True)
         os.replace(work.local_path, final.local_path)
     return meta

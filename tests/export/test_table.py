@@ -92,7 +92,7 @@ def test_export_killed_midway_resumes_to_the_same_table(run):
     args = [sys.executable, "-m", "scone_jax.cli.main", "export", str(run_dir), "--out", str(url),
             "--range-rows", "50", "--batch-rows", "64", "--no-progress"]
     proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    progress = root / "resumed.partial" / "progress.json.0"
+    progress = root / "resumed.partial" / "progress.json"
     deadline = time.time() + 180
     while time.time() < deadline and proc.poll() is None:
         if progress.exists() and len(json.loads(progress.read_text() or '{"done": []}')["done"]) >= 2:
