@@ -53,62 +53,54 @@ class FgramBatcher:
     def max_n(self) -> int:
         return self.fgram_tokens.shape[1]
 
-    def rows_by_length(self, ids: np.ndarray) -> dict[int, np.ndarray]:
-        """The buffer rows (f-gram ids) of each length for the matched ids of a batch."""
+    def entries(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The buffer entries (f-gram ids) for a batch's ids, and each matched position's entry:
+        each distinct f-gram once with deduplication, else one entry per matched position."""
         matched = ids[ids >= 0]
-        rows = np.unique(matched) if self.dedup else matched
-        lengths = self.fgram_lengths[rows]
-        return {n: rows[lengths == n] for n in range(2, self.max_n + 1)}
+        if self.dedup:
+            return np.unique(matched, return_inverse=True)
+        return matched, np.arange(len(matched))
 
     def calibrate(self, batches: Iterable[dict[str, np.ndarray]], headroom: float = 1.1) -> None:
         """Set each length's capacity from sample batches (the largest seen, plus headroom)."""
-        peak = {n: 0 for n in range(2, self.max_n + 1)}
+        peak = np.zeros(self.max_n + 1, np.int64)
         for batch in batches:
-            for n, rows in self.rows_by_length(np.asarray(self.tag_ids[batch["positions"]])).items():
-                peak[n] = max(peak[n], len(rows))
-        self.capacity = {n: round_up(max(int(p * headroom), 1), self.granule) for n, p in peak.items()}
+            rows, _ = self.entries(np.asarray(self.tag_ids[batch["positions"]]))
+            peak = np.maximum(peak, np.bincount(self.fgram_lengths[rows], minlength=self.max_n + 1))
+        self.capacity = {n: round_up(max(int(peak[n] * headroom), 1), self.granule)
+                         for n in range(2, self.max_n + 1)}
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Add `fgram_index` [B, T], the per-length buffers `fgram_tokens_<n>`, and `fgram_stats`."""
         ids = np.asarray(self.tag_ids[batch["positions"]], dtype=np.int64)
         matched = ids >= 0
-        groups = self.rows_by_length(ids)
+        rows, entry_of_position = self.entries(ids)
+        lengths = self.fgram_lengths[rows]
+        slot = np.empty(len(rows), np.int32)  # each entry's row in the buffers concatenated
         out = dict(batch)
-        offset, overflow, total_rows = 0, 0, 0
-        order = []
-        for n, rows in groups.items():
-            size = max(self.capacity.get(n, self.granule), round_up(max(len(rows), 1), self.granule))
-            overflow += int(len(rows) > self.capacity.get(n, self.granule))
+        offset, overflow = 0, 0
+        for n in range(2, self.max_n + 1):
+            where = np.flatnonzero(lengths == n)
+            capacity = self.capacity.get(n, self.granule)
+            size = max(capacity, round_up(max(len(where), 1), self.granule))
+            overflow += int(len(where) > capacity)
             tokens = np.zeros((size, n), np.int32)
-            tokens[:len(rows)] = self.fgram_tokens[rows, :n]
+            tokens[:len(where)] = self.fgram_tokens[rows[where], :n]
             out[group_key(n)] = tokens
-            order.append((n, rows, offset))
+            slot[where] = offset + np.arange(len(where))
             offset += size
-            total_rows += size
         index = np.full(ids.shape, -1, np.int32)
-        if self.dedup:  # each distinct id -> its row; every position using it points there
-            unique, inverse = np.unique(ids[matched], return_inverse=True)
-            slot_of_unique = np.empty(len(unique), np.int32)
-            for _, rows, start in order:
-                slot_of_unique[np.searchsorted(unique, rows)] = start + np.arange(len(rows))
-            index[matched] = slot_of_unique[inverse]
-        else:  # every matched position has its own row, in position order within its length
-            lengths = self.fgram_lengths[ids[matched]]
-            slots = np.empty(len(lengths), np.int32)
-            for n, _, start in order:
-                where = np.flatnonzero(lengths == n)
-                slots[where] = start + np.arange(len(where))
-            index[matched] = slots
+        index[matched] = slot[entry_of_position]
         n_matched = int(matched.sum())
         out["fgram_index"] = index
         out["fgram_ids"] = ids.astype(np.int32)  # host-side only: what serving looks up
         out["fgram_stats"] = {
             "match_rate": n_matched / ids.size,
-            "distinct_ratio": len(np.unique(ids[matched])) / n_matched if n_matched else 0.0,
+            "distinct_ratio": (len(rows) if self.dedup else len(np.unique(rows))) / n_matched if n_matched else 0.0,
             "mean_match_length": float(np.asarray(self.tag_lengths[batch["positions"]])[matched].mean())
             if n_matched else 0.0,
-            "fgram_rows": total_rows,
-            "fgram_positions": int(sum(out[group_key(n)].size for n in groups)),
+            "fgram_rows": offset,
+            "fgram_positions": int(sum(out[group_key(n)].size for n in range(2, self.max_n + 1))),
             "fgram_overflow": overflow,
         }
         return out

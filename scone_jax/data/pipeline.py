@@ -14,7 +14,8 @@ which is what later stages (f-gram tags) key on.
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Callable, Iterator
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import grain
@@ -102,15 +103,20 @@ class BatchStream:
         batch = self.raw_batch(step)
         return self.transform(batch) if self.transform else batch
 
-    def iterate(self, start_step: int, prefetch: int = 2) -> Iterator[dict[str, np.ndarray]]:
-        """Batches from `start_step` on, prepared `prefetch` steps ahead on a background thread."""
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            pending = [pool.submit(self.batch, s) for s in range(start_step, start_step + prefetch)]
-            step = start_step + prefetch
-            while True:
-                yield pending.pop(0).result()
-                pending.append(pool.submit(self.batch, step))
-                step += 1
+    def iterate(self, start_step: int, depth: int = 2) -> Iterator[dict[str, np.ndarray]]:
+        """Batches from `start_step` on, prepared `depth` steps ahead on a background thread."""
+        return prefetch(itertools.count(start_step), self.batch, depth)
+
+
+def prefetch(items: Iterable, prepare: Callable, depth: int = 2) -> Iterator:
+    """`prepare(item)` for each item, computed `depth` items ahead on one background thread."""
+    items = iter(items)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        pending = [pool.submit(prepare, item) for item in itertools.islice(items, depth)]
+        while pending:
+            result = pending.pop(0).result()
+            pending.extend(pool.submit(prepare, item) for item in itertools.islice(items, 1))
+            yield result
 
 
 def eval_batches(source: WindowSource, batch_size: int, max_batches: int, process_index: int = 0,

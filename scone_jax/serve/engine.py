@@ -22,6 +22,7 @@ class Engine:
     model: Transformer
     lookup: TableLookup | None  # None: a baseline (no f-grams)
     tokenizer_sha256: str | None = None
+    step: int | None = None  # the checkpoint step the weights come from
 
     def __post_init__(self):
         self.graphdef, self.params = nnx.split(self.model)
@@ -89,7 +90,7 @@ def engine_from_run(run_dir: str | Path, table_url: str | None, tier: str = "hos
                      run.cfg.fgrams.combine)
     elif table_url:
         raise UserError(f"run {run_dir} is a baseline (fgrams.enabled=false); it takes no table")
-    return Engine(model, TableLookup(table) if table else None, run.info["tokenizer_sha256"])
+    return Engine(model, TableLookup(table) if table else None, run.info["tokenizer_sha256"], run.step)
 
 
 def engine_from_export(backbone_dir: str | Path, table_url: str | None, tier: str = "host",
@@ -109,4 +110,4 @@ def engine_from_export(backbone_dir: str | Path, table_url: str | None, tier: st
             raise UserError(f"backbone {backbone_dir} was trained with SCONE: pass --table")
         table = open_table(table_url, tier, cache_bytes)
         _check_table(table, cfg.d_model, meta["tokenizer_sha256"], meta["checkpoint_fingerprint"], meta["combine"])
-    return Engine(model, TableLookup(table) if table else None, meta["tokenizer_sha256"])
+    return Engine(model, TableLookup(table) if table else None, meta["tokenizer_sha256"], meta["checkpoint_step"])

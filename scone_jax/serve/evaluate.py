@@ -8,7 +8,7 @@ import numpy as np
 import optax
 
 from scone_jax.serve.engine import Engine
-from scone_jax.serve.input_layer import prefetch
+from scone_jax.serve.input_layer import prefetch_prepared
 
 
 def evaluate_engine(engine: Engine, eval_sets: dict[str, list[dict]], token_bytes: np.ndarray) -> dict:
@@ -25,7 +25,7 @@ def evaluate_engine(engine: Engine, eval_sets: dict[str, list[dict]], token_byte
         def prepare(batch):
             return engine.prepare(batch["fgram_ids"]) if engine.lookup else {}
 
-        for batch, prepared in prefetch(batches, prepare):
+        for batch, prepared in prefetch_prepared(batches, prepare):
             logits = engine.logits(batch["inputs"], prepared=prepared)
             nats += float(batch_nats(logits, batch["targets"]))
             tokens += batch["targets"].size

@@ -7,7 +7,6 @@ F(w) - T(last token of w)), and unmatched positions add zero (SCONE.md section 3
 
 from __future__ import annotations
 
-import concurrent.futures
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -15,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from scone_jax.data.pipeline import prefetch
 from scone_jax.serve.tables import DeviceTable, Table
 
 
@@ -58,15 +58,7 @@ class TableLookup:
         return prepared["fgram_rows"]
 
 
-def prefetch(items: Iterable, prepare: Callable, depth: int = 2) -> Iterator:
-    """`prepare(item)` for each item, computed `depth` items ahead on a background thread
-    (the host lookups and the transfer overlap the device's work on the current batch)."""
-    items = iter(items)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        pending = []
-        for item in items:
-            pending.append(pool.submit(lambda it=item: (it, jax.device_put(prepare(it)))))
-            if len(pending) > depth:
-                yield pending.pop(0).result()
-        for future in pending:
-            yield future.result()
+def prefetch_prepared(items: Iterable, prepare: Callable, depth: int = 2) -> Iterator:
+    """(item, prepare(item) already on the device) for each item, `depth` items ahead, so host
+    lookups and transfers overlap the device's work on the current batch."""
+    return prefetch(items, lambda item: (item, jax.device_put(prepare(item))), depth)

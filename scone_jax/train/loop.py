@@ -179,7 +179,7 @@ def evaluate_run(run_dir: str | Path, extra_eval: list[str] | None = None, step:
 
         engine = engine_from_run(run_dir, table, tier, step)
         results = evaluate_engine(engine, session.eval_sets, session.dataset.token_bytes)
-        return {"step": engine_step(run_dir, step), "table": table, "tier": tier, "results": results}
+        return {"step": engine.step, "table": table, "tier": tier, "results": results}
     ckpt = Checkpointer(Path(run_dir) / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep, False)
     if ckpt.latest_step() is None:
         raise UserError(f"run {run_dir} has no checkpoint to evaluate")
@@ -188,13 +188,3 @@ def evaluate_run(run_dir: str | Path, extra_eval: list[str] | None = None, step:
     results = evaluate(session, session.eval_step(), state["params"])
     return {"step": int(np.asarray(jax.device_get(state["step"]))), "results": results}
 
-
-def engine_step(run_dir: str | Path, step: int | None) -> int:
-    from scone_jax.train.run_dir import load_run_config
-
-    cfg = load_run_config(run_dir)
-    ckpt = Checkpointer(Path(run_dir) / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep, False)
-    try:
-        return int(ckpt.latest_step() if step is None else step)
-    finally:
-        ckpt.close()

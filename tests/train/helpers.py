@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,3 +45,18 @@ def cli_run(args: list[str], devices: int = 8, timeout: float = 300) -> subproce
     proc = cli(args, devices)
     out, err = proc.communicate(timeout=timeout)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def wait_for_step(run_dir, step, proc, timeout=240):
+    """Block until `run_dir`'s metrics reach `step` (the process must still be running)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended early: {proc.stderr.read()[-2000:]}")
+        try:
+            if any(r["step"] >= step for r in read_metrics(run_dir)):
+                return
+        except (FileNotFoundError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} not reached")

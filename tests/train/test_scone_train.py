@@ -7,7 +7,7 @@ import pytest
 from scone_jax.config import load_config
 from scone_jax.train.loop import train
 from tests.conftest import SHARED_DATA
-from tests.train.helpers import cli, cli_run, losses, read_metrics, tiny_overrides
+from tests.train.helpers import cli, cli_run, losses, read_metrics, tiny_overrides, wait_for_step
 
 SCONE = {"fgrams.enabled": "true", "fgrams.max_n": 4, "fgrams.num_fgrams": 3000, "fgrams.min_count": 2,
          "fgrams.n_layers": 1}
@@ -34,20 +34,11 @@ def test_one_device_equals_eight_and_both_modes_train(markov_dataset, tmp_path, 
 
 
 def test_scone_kill_and_resume_is_bitwise_identical(markov_dataset, tmp_path):
-    import time
-
     args = lambda name: ["train", "tiny", *scone_overrides(markov_dataset.path, tmp_path / name, 20)]  # noqa: E731
     straight = cli_run(args("straight"))
     assert straight.returncode == 0, straight.stderr[-2000:]
     proc = cli(args("killed"))
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            if any(r["step"] >= 11 for r in read_metrics(tmp_path / "killed")):
-                break
-        except (FileNotFoundError, ValueError):
-            pass
-        time.sleep(0.05)
+    wait_for_step(tmp_path / "killed", 11, proc, timeout=300)
     proc.kill()
     proc.communicate()
     resumed = cli_run(args("killed"))

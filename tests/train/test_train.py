@@ -1,13 +1,12 @@
 """Training end to end: loss goes down, 1 device == 8 devices, resume is bitwise, signals save."""
 
 import signal
-import time
 
 import numpy as np
 
 from scone_jax.config import load_config
 from scone_jax.train.loop import train
-from tests.train.helpers import cli, cli_run, losses, read_metrics, tiny_overrides
+from tests.train.helpers import cli, cli_run, losses, read_metrics, tiny_overrides, wait_for_step
 
 
 def test_loss_decreases_on_the_8_device_mesh(markov_dataset, tmp_path):
@@ -39,27 +38,13 @@ def test_one_device_equals_the_data_fsdp_tensor_mesh(markov_dataset, tmp_path):
         np.testing.assert_allclose([a[s] for s in a], [b[s] for s in a], rtol=2e-5)
 
 
-def _wait_for_step(run_dir, step, proc, timeout=240):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"process ended early: {proc.stderr.read()[-2000:]}")
-        try:
-            if any(r["step"] >= step for r in read_metrics(run_dir)):
-                return
-        except (FileNotFoundError, ValueError):
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"step {step} not reached")
-
-
 def test_kill_and_resume_is_bitwise_identical(markov_dataset, tmp_path):
     steps = 24
     straight = cli_run(["train", "tiny", *tiny_overrides(markov_dataset.path, tmp_path / "straight", steps)])
     assert straight.returncode == 0, straight.stderr[-2000:]
     args = ["train", "tiny", *tiny_overrides(markov_dataset.path, tmp_path / "killed", steps)]
     proc = cli(args)
-    _wait_for_step(tmp_path / "killed", 12, proc)
+    wait_for_step(tmp_path / "killed", 12, proc)
     proc.kill()  # SIGKILL: no chance to save; resume from the last interval checkpoint
     proc.communicate()
     resumed = cli_run(args)
@@ -72,7 +57,7 @@ def test_sigterm_saves_then_resume_completes(markov_dataset, tmp_path):
     args = ["train", "tiny", *tiny_overrides(markov_dataset.path, tmp_path / "run", 400,
                                              **{"checkpoint.every": 1000})]
     proc = cli(args)
-    _wait_for_step(tmp_path / "run", 3, proc)
+    wait_for_step(tmp_path / "run", 3, proc)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err[-2000:]
