@@ -8,13 +8,14 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import jax
 import numpy as np
 import yaml
 
 from scone_jax.atomic import atomic_dir, atomic_write_json
 from scone_jax.config import to_dict
 from scone_jax.errors import UserError
-from scone_jax.export.checkpoint_params import host_params, load_run_params
+from scone_jax.export.checkpoint_params import load_run_params
 
 FORMAT_VERSION = 1
 
@@ -42,7 +43,7 @@ def unflatten(flat: dict[str, np.ndarray]) -> dict:
 
 def export_backbone(run_dir: str | Path, out: str | Path, step: int | None = None, overwrite: bool = False) -> dict:
     run = load_run_params(run_dir, step)
-    params = host_params(run.params)
+    params = jax.device_get(run.params)
     backbone = params["backbone"] if run.cfg.fgrams.enabled else params
     meta = {"format_version": FORMAT_VERSION, "vocab_size": run.info["vocab_size"],
             "tokenizer_sha256": run.info["tokenizer_sha256"], "checkpoint_fingerprint": run.fingerprint,

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jax
 from jax.sharding import Mesh
 
 from scone_jax.config import Config
@@ -62,7 +61,3 @@ def load_run_params(run_dir: str | Path, step: int | None = None, mesh: Mesh | N
     return RunParams(cfg=cfg, info=info, step=step, handle=setup.handle, params=state["params"], mesh=mesh,
                      rules=rules, fingerprint=digest.hexdigest())
 
-
-def host_params(params) -> Any:
-    """A fully-replicated host copy (numpy) of sharded params."""
-    return jax.tree.map(lambda x: jax.device_get(x), params)
