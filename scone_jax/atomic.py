@@ -1,10 +1,14 @@
-"""Write-then-rename helpers, so no reader ever sees a half-written artifact."""
+"""Write-then-rename helpers, so no reader ever sees a half-written artifact, and the one-line
+error for a write that the storage refuses (full disk, quota, file size limit, I/O error)."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -12,27 +16,110 @@ from pathlib import Path
 
 from scone_jax.errors import UserError
 
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
+# tensorstore (tables, orbax checkpoints) reports the OS error inside its status text
+_TENSORSTORE_OS_ERROR = re.compile(r"os_error_code='?(\d+)")
+
+
+def storage_error(error: BaseException, what: str) -> UserError | None:
+    """`cannot write WHAT: ...` when `error` (or an error it was raised from) is the storage
+    refusing a write; None for any other error, which keeps its traceback."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, UserError):  # already explained: look at what it was raised from
+            seen = seen.__cause__ or seen.__context__
+            continue
+        code = seen.errno if isinstance(seen, OSError) else None
+        if code is None and (match := _TENSORSTORE_OS_ERROR.search(str(seen))):
+            code = int(match.group(1))
+        if code in STORAGE_ERRNOS:
+            first_line = (str(seen).splitlines() or [""])[0]
+            return UserError(f"cannot write {what}: {first_line}")
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+@contextlib.contextmanager
+def storage_errors(what: str) -> Iterator[None]:
+    """Re-raise a write the storage refuses inside the block as `storage_error`'s UserError."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:
+        refused = storage_error(e, what)
+        if refused is None:
+            raise
+        raise refused from e
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def replace_dir(src: Path, final: Path) -> None:
+    """Rename directory `src` to `final`, replacing an existing `final` without ever leaving it
+    half-deleted: the two are swapped in one step, then the old one is deleted. Where the
+    swap is unsupported (not Linux), the old one is renamed aside first: a crash between the
+    two renames leaves no `final`, and the old one complete beside it."""
+    if not final.exists():
+        os.replace(src, final)
+        return
+    if _exchange(src, final):
+        shutil.rmtree(src)  # now the old one
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
+    os.replace(final, old)
+    os.replace(src, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def check_output_path(path: str | os.PathLike, what: str, is_file: bool = False) -> None:
+    """Refuse, before any work is done, an output path that can never be written: one below an
+    existing file, a directory where a file goes, or a file where a directory goes."""
+    path = Path(path)
+    if is_file and path.is_dir():
+        raise UserError(f"{what} {path} is a directory (expected a file path)")
+    if not is_file and path.exists() and not path.is_dir():
+        raise UserError(f"{what} {path} exists and is not a directory (expected a directory path)")
+    ancestor = path.absolute().parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UserError(f"{what} {path} cannot be created: {ancestor} is not a directory")
+
 
 @contextlib.contextmanager
 def atomic_dir(final: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary sibling directory; rename it to `final` only if the block succeeds.
 
     An existing `final` is refused unless `overwrite`; on failure the temporary directory is
-    removed and `final` is untouched.
+    removed and `final` is untouched. A write the storage refuses is a one-line UserError.
     """
     final = Path(final)
     if final.exists() and not overwrite:
         raise UserError(f"output directory {final} already exists (expected a new path; remove it first)")
+    check_output_path(final, "output directory")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     umask = os.umask(0)
     os.umask(umask)
     tmp.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; the result should look like a mkdir
     try:
-        yield tmp
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        with storage_errors(str(final)):
+            yield tmp
+        replace_dir(tmp, final)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -46,10 +133,11 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` via a temporary file in the same directory and a rename."""
     path = Path(path)
+    check_output_path(path, "output file", is_file=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with storage_errors(str(path)), os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -7,6 +7,7 @@ Layout of a dataset directory (written once, atomically, by `scone-jax tokenize`
     token_bytes.npy   int32 [vocab_size]; UTF-8 bytes each token stands for (bits per byte)
     meta.json         counts, dtype, vocab size, tokenizer and corpus fingerprints, checksums
     tokenizer.model   the sentencepiece model the ids came from (its sha256 is in meta.json)
+    checksums.json    size and crc32 of every file above, written last, checked on open
 
 Everything downstream (f-gram counting, tagging, the grain pipeline) reads this format.
 """
@@ -22,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from scone_jax.checksums import verify_manifest, write_manifest
 from scone_jax.errors import UserError
 
 FORMAT_VERSION = 1
@@ -55,10 +57,12 @@ class TokenizedDataset:
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> TokenizedDataset:
+        """Open a dataset directory, checking its files against checksums.json (one read of each)."""
         path = Path(path)
         meta_path = path / META_FILE
         if not meta_path.is_file():
             raise UserError(f"{path} is not a tokenized dataset (no {META_FILE}; expected the output of `scone-jax tokenize`)")
+        verify_manifest(path, required=(META_FILE, TOKENS_FILE, OFFSETS_FILE, TOKEN_BYTES_FILE))
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
@@ -156,6 +160,7 @@ class DatasetWriter:
             **meta,
         }
         (self.dir / META_FILE).write_text(json.dumps(full, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        write_manifest(self.dir)
         return full
 
 

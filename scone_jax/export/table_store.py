@@ -7,8 +7,10 @@ A table at URL (a local path, or file://, memory://, gs://BUCKET/..., s3://BUCKE
     scales/      zarr3 [S] float32, per-row scales (int8 only): row = int8 * scale
     fgram_set/   a copy of the f-gram set (its .npy arrays and meta.json): the tokens of each
                  row and the sorted key index that serving looks matches up in
-    progress.json  finished row ranges and their checksums (during export only)
-    meta.json    written last: K, S, d, dtype, combine, fingerprints, checksum
+    progress.json  finished row ranges and their checksums (during export only); in a
+                 multi-process export process I > 0 keeps its own, progress.I.json
+    meta.json    written last: K, S, d, dtype, combine, fingerprints, checksum of the rows,
+                 and `meta_sha256`, the checksum of meta.json's own content
 
 A table is complete exactly when `meta.json` exists: readers refuse anything else. On a local
 filesystem the export also writes into `PATH.partial` and renames it when done.
@@ -27,11 +29,12 @@ import tensorstore as ts
 
 from scone_jax.errors import UserError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: meta.json carries its own checksum; fgram_set/ carries checksums.json
 ROW_DTYPES = ("float32", "bfloat16", "int8")
 META = "meta.json"
 FGRAM_SET_DIR = "fgram_set"
 PROGRESS = "progress.json"
+META_CHECKSUM = "meta_sha256"
 # memory:// tables live as long as this process; one shared context keeps them visible
 SHARED_CONTEXT = ts.Context()
 
@@ -79,8 +82,25 @@ def read_json(loc: Location, key: str) -> dict | None:
         raise UserError(f"{loc.url}/{key} is corrupt: {e}") from None
 
 
+def meta_digest(meta: dict) -> str:
+    """The checksum of a table's meta.json content (everything but the checksum itself)."""
+    body = {k: v for k, v in meta.items() if k != META_CHECKSUM}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
 def write_json(loc: Location, key: str, obj: dict) -> None:
     kvstore(loc).write(key, json.dumps(obj, indent=2, sort_keys=True).encode()).result()
+
+
+def progress_key(process_index: int) -> str:
+    """The progress file of one process: each writes its own, so no two ever write one object."""
+    return PROGRESS if process_index == 0 else f"progress.{process_index}.json"
+
+
+def progress_keys(loc: Location) -> list[str]:
+    """The progress files at `loc`, of every process of every earlier try."""
+    keys = kvstore(loc).list(ts.KvStore.KeyRange("progress.", "progress/")).result()  # the prefix "progress."
+    return sorted(k.decode() for k in keys)
 
 
 def array_spec(loc: Location, name: str, shape, dtype: str, chunk_rows: int, shard_rows: int) -> dict:

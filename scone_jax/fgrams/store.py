@@ -9,6 +9,7 @@ Layout of an f-gram set directory (written once, atomically):
     key_ids.npy   int32 [S]     key_ids[j] = id of the f-gram whose key is keys[j]
     meta.json     K, S, min count, cutoff count, key hash and seed, tokenizer and corpus
                   fingerprints, per-array sha256, the set's own fingerprint
+    checksums.json  size and crc32 of the files above, written last, checked on load
     stats.json, stats.png       coverage statistics (written by the builder; optional)
 
 Ids are the rank order (count desc, shorter first, tokens ascending). Keys are unique: a
@@ -29,11 +30,13 @@ from typing import Any
 import numpy as np
 
 from scone_jax.atomic import atomic_dir
+from scone_jax.checksums import MANIFEST, verify_manifest, write_manifest
 from scone_jax.errors import UserError
 from scone_jax.fgrams import keys as keymod
 
 FORMAT_VERSION = 1
 ARRAYS = ("tokens", "lengths", "counts", "keys", "key_ids")
+FILES = tuple(f"{name}.npy" for name in ARRAYS) + ("meta.json", MANIFEST)  # what a copy of a set must carry
 MAX_SEEDS = 8
 
 
@@ -123,6 +126,7 @@ class FgramSet:
             np.save(directory / f"{name}.npy", getattr(self, name))
         (directory / "meta.json").write_text(json.dumps(self.meta, indent=2, sort_keys=True) + "\n",
                                              encoding="utf-8")
+        write_manifest(directory, FILES[:-1])
 
     @classmethod
     def load(cls, directory: str | os.PathLike, verify: bool = True) -> FgramSet:
@@ -131,6 +135,8 @@ class FgramSet:
         meta_path = path / "meta.json"
         if not meta_path.is_file():
             raise UserError(f"{path} is not an f-gram set (no meta.json; expected the output of `scone-jax fgrams build`)")
+        if verify:
+            verify_manifest(path, required=FILES[:-1])
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:

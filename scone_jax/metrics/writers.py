@@ -6,6 +6,7 @@ duplicated steps.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import jax
+
+from scone_jax.atomic import storage_errors
 
 
 def _clean(value: Any) -> Any:
@@ -49,19 +52,28 @@ class MetricsWriter:
             if record.get("step", 0) <= step:
                 kept.append(line)
         tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
-        os.replace(tmp, self.path)
+        with storage_errors(str(self.path)):
+            tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+            os.replace(tmp, self.path)
 
     def write(self, step: int, metrics: dict[str, Any], kind: str = "train", echo: bool = True) -> None:
         """Append one record to the JSONL log and tensorboard; also print it when `echo`."""
         if not self.enabled:
             return
         record = {"step": int(step), "kind": kind, **{k: _clean(v) for k, v in metrics.items()}}
-        if self._file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        with storage_errors(str(self.path)):
+            try:
+                if self._file is None:
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                    self._file = open(self.path, "a", encoding="utf-8")
+                self._file.write(json.dumps(record) + "\n")
+                self._file.flush()
+            except OSError:  # a torn last line is dropped by truncate_after on resume
+                file, self._file = self._file, None
+                if file is not None:
+                    with contextlib.suppress(OSError):  # closes the file even when its flush fails again
+                        file.close()
+                raise
         if self._tb is not None:
             for key, value in record.items():
                 if isinstance(value, int | float) and key != "step":

@@ -24,17 +24,19 @@ from scone_jax.export.table_store import (
     FGRAM_SET_DIR,
     FORMAT_VERSION,
     META,
+    META_CHECKSUM,
     SHARED_CONTEXT,
     Location,
     combine_checksums,
     dequantize,
     kvstore,
+    meta_digest,
     open_array,
     parse_location,
     range_checksum,
     read_json,
 )
-from scone_jax.fgrams.store import ARRAYS as FGRAM_SET_ARRAYS
+from scone_jax.fgrams.store import FILES as FGRAM_SET_FILES
 from scone_jax.fgrams.store import FgramSet
 
 TIERS = ("device", "host", "disk")
@@ -46,7 +48,10 @@ def read_meta(url: str) -> tuple[Location, dict]:
     if meta is None:
         raise UserError(f"{url} is not a complete f-gram table (no {META}; an export may be unfinished)")
     if meta.get("format_version") != FORMAT_VERSION:
-        raise UserError(f"{url}/{META}: format_version={meta.get('format_version')!r} (expected {FORMAT_VERSION})")
+        raise UserError(f"{url}/{META}: format_version={meta.get('format_version')!r} (expected {FORMAT_VERSION}; "
+                        "export the table again)")
+    if meta.get(META_CHECKSUM) != meta_digest(meta):
+        raise UserError(f"{url}/{META} fails its checksum ({META_CHECKSUM}); the table's metadata is corrupt")
     return loc, meta
 
 
@@ -99,7 +104,7 @@ def _load_fgram_set(loc: Location, meta: dict, url: str) -> FgramSet:
     else:
         store = kvstore(loc)
         with tempfile.TemporaryDirectory(prefix="scone-table-fgrams-") as tmp:
-            for name in [f"{a}.npy" for a in FGRAM_SET_ARRAYS] + ["meta.json"]:
+            for name in FGRAM_SET_FILES:
                 value = store.read(f"{FGRAM_SET_DIR}/{name}").result()
                 if value.state != "value":
                     raise UserError(f"table {url}: {FGRAM_SET_DIR}/{name} is missing")

@@ -44,6 +44,9 @@ def test_corruption_is_detected(tmp_path, small_set):
     with pytest.raises(UserError, match="checksum"):
         FgramSet.load(tmp_path / "set")
     np.save(tmp_path / "set" / "counts.npy", counts[:-1])
+    with pytest.raises(UserError, match="counts.npy has .* bytes"):
+        FgramSet.load(tmp_path / "set")
+    (tmp_path / "set" / "checksums.json").unlink()  # a set saved before manifests: its own checks still apply
     with pytest.raises(UserError, match="shape"):
         FgramSet.load(tmp_path / "set")
     with pytest.raises(UserError, match="not an f-gram set"):

@@ -76,6 +76,8 @@ def test_nan_loss_stops_with_a_clear_message(markov_dataset, tmp_path):
     assert res.returncode == 2
     assert "loss is nan" in res.stderr.lower() and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines()[-1].startswith("scone-jax train: error: loss is nan at step")
+    saved = [p.name for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()]
+    assert saved == [], f"the diverged state was saved: {saved}"
 
 
 def test_eval_command_reports_perplexity(markov_dataset, tmp_path):

@@ -1,0 +1,93 @@
+"""`scone-jax` with a fault armed: `python -m tests.reliability.faulty_cli [FAULT...] -- ARGS`.
+
+    --kill-at-write PREFIX N   SIGKILL this process just before its N-th filesystem write under
+                               PREFIX (a file opened for writing, a rename, an unlink, an rmtree)
+    --count-writes PREFIX      print `fault: write #k PATH` for each such write, and run normally
+    --file-size-limit BYTES    RLIMIT_FSIZE: the kernel refuses any write that would grow a file
+                               past BYTES (EFBIG), in Python and in native code (tensorstore)
+
+Writes are printed to stderr as they happen, so a failing test shows where it killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import io
+import os
+import resource
+import shutil
+import signal
+import sys
+
+
+def _path_of(target) -> str:
+    if isinstance(target, int):  # os.fdopen(fd): the file the descriptor refers to
+        return os.readlink(f"/proc/self/fd/{target}")
+    return os.path.abspath(os.fsdecode(target))
+
+
+def arm_write_hooks(prefix: str, kill_at: int | None) -> None:
+    """Count (and print) filesystem writes under `prefix`; SIGKILL before the `kill_at`-th."""
+    prefix = os.path.abspath(prefix)
+    count = 0
+
+    def event(kind: str, target) -> None:
+        nonlocal count
+        path = _path_of(target)
+        if not path.startswith(prefix):
+            return
+        count += 1
+        print(f"fault: write #{count} {kind} {path}", file=sys.stderr, flush=True)
+        if count == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    real_open, real_replace, real_rename = io.open, os.replace, os.rename
+    real_unlink, real_rmtree = os.unlink, shutil.rmtree
+
+    def open_(file, mode="r", *args, **kwargs):
+        if any(c in mode for c in "wax+"):
+            event("open", file)
+        return real_open(file, mode, *args, **kwargs)
+
+    def replace(src, dst, *args, **kwargs):
+        event("replace", dst)
+        return real_replace(src, dst, *args, **kwargs)
+
+    def rename(src, dst, *args, **kwargs):
+        event("rename", dst)
+        return real_rename(src, dst, *args, **kwargs)
+
+    def unlink(path, *args, **kwargs):
+        event("unlink", path)
+        return real_unlink(path, *args, **kwargs)
+
+    def rmtree(path, *args, **kwargs):
+        event("rmtree", path)
+        return real_rmtree(path, *args, **kwargs)
+
+    builtins.open = io.open = open_
+    os.replace, os.rename, os.unlink, os.remove, shutil.rmtree = replace, rename, unlink, unlink, rmtree
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    split = argv.index("--")
+    parser = argparse.ArgumentParser(prog="faulty_cli")
+    parser.add_argument("--kill-at-write", nargs=2, metavar=("PREFIX", "N"))
+    parser.add_argument("--count-writes", metavar="PREFIX")
+    parser.add_argument("--file-size-limit", type=int, metavar="BYTES")
+    faults = parser.parse_args(argv[:split])
+    if faults.file_size_limit is not None:  # Python ignores SIGXFSZ, so the write fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (faults.file_size_limit, resource.RLIM_INFINITY))
+    if faults.kill_at_write:
+        arm_write_hooks(faults.kill_at_write[0], int(faults.kill_at_write[1]))
+    elif faults.count_writes:
+        arm_write_hooks(faults.count_writes, None)
+    from scone_jax.cli.main import main as scone_jax_main
+
+    return scone_jax_main(argv[split + 1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
