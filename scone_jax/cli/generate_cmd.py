@@ -39,6 +39,8 @@ def run(args) -> int:
         raise UserError("give either RUN_DIR or --backbone DIR (exactly one)")
     if args.max_new_tokens <= 0:
         raise UserError(f"--max-new-tokens={args.max_new_tokens} (expected > 0)")
+    sampling = Sampling(args.temperature, args.top_k, args.top_p)
+    sampling.validate()  # before the model is loaded
     if args.run_dir:
         import json
 
@@ -52,8 +54,7 @@ def run(args) -> int:
         raise UserError(f"tokenizer {tokenizer.path} (sha256 {tokenizer.sha256[:12]}) is not the model's "
                         f"({engine.tokenizer_sha256[:12]})")
     prompts = [tokenizer.encode(text) for text in args.prompt]
-    outputs = generate(engine, prompts, args.max_new_tokens,
-                       Sampling(args.temperature, args.top_k, args.top_p), args.seed, tokenizer.eos_id)
+    outputs = generate(engine, prompts, args.max_new_tokens, sampling, args.seed, tokenizer.eos_id)
     for text, new in zip(args.prompt, outputs, strict=True):
         print(text + tokenizer.decode([t for t in new if t != tokenizer.eos_id]))
     return 0

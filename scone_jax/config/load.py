@@ -30,6 +30,8 @@ def resolve_preset(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if path.is_file():
         return path
+    if path.exists():
+        raise UserError(f"config {name_or_path!r} is not a file (expected a YAML file or a preset name)")
     for candidate in (PRESET_DIR / name_or_path, PRESET_DIR / f"{name_or_path}.yaml"):
         if candidate.is_file():
             return candidate
@@ -42,8 +44,10 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         raise UserError(f"config {path}: 'base' chain loops back to itself")
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"cannot read config {path}: {e}") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"config {path} is not valid UTF-8 at byte offset {e.start} (expected a UTF-8 YAML file)") from None
+    except OSError as e:
+        raise UserError(f"cannot read config {path}: {e.strerror or e}") from None
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:

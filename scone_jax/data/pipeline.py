@@ -119,12 +119,19 @@ def prefetch(items: Iterable, prepare: Callable, depth: int = 2) -> Iterator:
             yield result
 
 
-def eval_batches(source: WindowSource, batch_size: int, max_batches: int, process_index: int = 0,
-                 process_count: int = 1, transform=None) -> list[dict[str, np.ndarray]]:
-    """The first `max_batches` batches of a split in order (no shuffle): a fixed eval set."""
+def eval_batch_count(source: WindowSource, batch_size: int, max_batches: int, name: str = "held-out split") -> int:
+    """How many eval batches a split gives (at most `max_batches`); none at all is an error."""
     n = min(max_batches, len(source) // batch_size)
     if n == 0:
-        raise UserError(f"held-out split has {len(source)} windows, fewer than one eval batch of {batch_size}")
+        raise UserError(f"{name} has {source.num_tokens} tokens in {len(source)} windows of {source.seq_len + 1}, "
+                        f"fewer than one eval batch of {batch_size} windows")
+    return n
+
+
+def eval_batches(source: WindowSource, batch_size: int, max_batches: int, process_index: int = 0,
+                 process_count: int = 1, transform=None, name: str = "held-out split") -> list[dict[str, np.ndarray]]:
+    """The first `max_batches` batches of a split in order (no shuffle): a fixed eval set."""
+    n = eval_batch_count(source, batch_size, max_batches, name)
     stream = BatchStream(source, batch_size, seed=0, process_index=process_index,
                          process_count=process_count, shuffle=False, transform=transform)
     return [stream.batch(k) for k in range(n)]

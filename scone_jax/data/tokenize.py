@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from scone_jax.atomic import atomic_dir
+from scone_jax.atomic import atomic_dir, check_output_path
 from scone_jax.config.schema import DataConfig
 from scone_jax.data.corpus import (
     FingerprintingIterator,
@@ -118,6 +118,7 @@ def build_dataset(cfg: DataConfig, out_dir: str | os.PathLike, append_eos: bool 
     out_dir = Path(out_dir)
     if out_dir.exists():
         raise UserError(f"output directory {out_dir} already exists (expected a new path; remove it first)")
+    check_output_path(out_dir, "output directory")
     docs = documents_factory(cfg)
     with tempfile.TemporaryDirectory(prefix="scone-tokenizer-") as tmp:
         tokenizer = prepare_tokenizer(cfg, docs, Path(tmp) / TOKENIZER_FILE)

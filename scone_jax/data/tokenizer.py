@@ -52,7 +52,8 @@ class Tokenizer:
     def load(cls, path: str | os.PathLike) -> Tokenizer:
         p = Path(path)
         if not p.is_file():
-            raise UserError(f"tokenizer model {p} does not exist (expected a sentencepiece .model file)")
+            problem = "is not a file" if p.exists() else "does not exist"
+            raise UserError(f"tokenizer model {p} {problem} (expected a sentencepiece .model file)")
         try:
             data = p.read_bytes()
         except OSError as e:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scone_jax.atomic import atomic_dir
+from scone_jax.atomic import atomic_dir, check_output_path
 from scone_jax.errors import UserError
 from scone_jax.fgrams import stats as stats_mod
 from scone_jax.fgrams.corpus import Corpus
@@ -108,6 +108,7 @@ def build_fgram_set(corpus: Corpus, out: str | os.PathLike, max_n: int = 5, num_
     out = Path(out)
     if out.exists() and not overwrite:
         raise UserError(f"output directory {out} already exists (expected a new path; remove it first)")
+    check_output_path(out, "output directory")
     fs = select_fgrams(corpus, max_n, num_fgrams, min_count, progress=progress, workers=workers, **kwargs)
     with atomic_dir(out, overwrite=overwrite) as tmp:
         fs.write_into(tmp)

@@ -182,7 +182,8 @@ def load_arrays(token_ids_path: str | os.PathLike, doc_lengths_path: str | os.Pa
     def load(path, what):
         path = Path(path)
         if not path.is_file():
-            raise UserError(f"{what} file {path} does not exist")
+            problem = "is not a file" if path.exists() else "does not exist"
+            raise UserError(f"{what} file {path} {problem} (expected a .npy array)")
         try:
             return np.load(path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as e:

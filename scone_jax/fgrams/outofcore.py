@@ -198,9 +198,9 @@ class DiskPartitions:
 
 
 def scratch_dir(tmp_dir: str | os.PathLike | None) -> tempfile.TemporaryDirectory:
-    if tmp_dir is not None:
-        Path(tmp_dir).mkdir(parents=True, exist_ok=True)
     try:
+        if tmp_dir is not None:
+            Path(tmp_dir).mkdir(parents=True, exist_ok=True)
         return tempfile.TemporaryDirectory(prefix="scone-fgrams-", dir=tmp_dir)
     except OSError as e:
         raise UserError(f"cannot create a scratch directory under {tmp_dir or tempfile.gettempdir()}: {e}") from None

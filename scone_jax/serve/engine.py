@@ -77,7 +77,9 @@ def engine_from_run(run_dir: str | Path, table_url: str | None, tier: str = "hos
                     cache_bytes: int = 256 << 20) -> Engine:
     """The backbone of a run's checkpoint, with an exported table (required for SCONE runs)."""
     from scone_jax.export.checkpoint_params import load_run_params
+    from scone_jax.train.run_dir import require_checkpoint
 
+    require_checkpoint(run_dir, step)
     run = load_run_params(run_dir, step)
     model = run.model()
     table = None

@@ -8,6 +8,7 @@ with optional top-k and top-p; a fixed seed gives a fixed output.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -29,8 +30,8 @@ class Sampling:
     top_p: float = 1.0  # 1 = off
 
     def validate(self) -> None:
-        if self.temperature < 0:
-            raise UserError(f"--temperature={self.temperature} (expected >= 0)")
+        if not 0 <= self.temperature < math.inf:  # also refuses nan
+            raise UserError(f"--temperature={self.temperature} (expected a finite value >= 0)")
         if self.top_k < 0:
             raise UserError(f"--top-k={self.top_k} (expected >= 0)")
         if not 0 < self.top_p <= 1:

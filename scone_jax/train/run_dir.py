@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from scone_jax.atomic import check_output_path
 from scone_jax.config import Config, load_config, save_config, to_dict
 from scone_jax.errors import UserError
 
@@ -38,6 +39,7 @@ def config_differences(old: Config, new: Config) -> list[str]:
 def check_run_dir(cfg: Config) -> Path:
     """The run dir of `cfg`, after checking that an existing one holds the same run."""
     run_dir = Path(cfg.run_dir)
+    check_output_path(run_dir, "run_dir")
     saved = run_dir / CONFIG_FILE
     if saved.is_file():
         differs = config_differences(load_config(saved), cfg)
@@ -61,3 +63,21 @@ def load_run_config(run_dir: str | Path) -> Config:
         raise UserError(f"{run_dir} is not a run directory (no {CONFIG_FILE})")
     return load_config(path)
 
+
+
+def require_checkpoint(run_dir: str | Path, step: int | None = None) -> int:
+    """The checkpoint step of a run to read (the latest when `step` is None), checked before any setup.
+
+    Reads the step directories' names rather than opening orbax, which would create
+    RUN_DIR/checkpoints in a run that has none.
+    """
+    if not (Path(run_dir) / CONFIG_FILE).is_file():
+        raise UserError(f"{run_dir} is not a run directory (no {CONFIG_FILE})")
+    directory = Path(run_dir) / "checkpoints"
+    steps = sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit()) \
+        if directory.is_dir() else []
+    if not steps:
+        raise UserError(f"run {run_dir} has no checkpoint (expected {directory}/<step> written by `scone-jax train`)")
+    if step is not None and step not in steps:
+        raise UserError(f"run {run_dir} has no checkpoint at step {step} (expected one of {steps})")
+    return steps[-1] if step is None else step
