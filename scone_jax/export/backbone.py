@@ -14,8 +14,9 @@ import yaml
 
 from scone_jax.atomic import atomic_dir, atomic_write_json
 from scone_jax.config import to_dict
+from scone_jax.dist.distributed import barrier
 from scone_jax.errors import UserError
-from scone_jax.export.checkpoint_params import load_run_params
+from scone_jax.export.checkpoint_params import RunParams, host_params, load_run_params
 
 FORMAT_VERSION = 1
 
@@ -42,8 +43,9 @@ def unflatten(flat: dict[str, np.ndarray]) -> dict:
 
 
 def export_backbone(run_dir: str | Path, out: str | Path, step: int | None = None, overwrite: bool = False) -> dict:
+    """In a multi-process job every process takes part in the restore, and process 0 writes."""
     run = load_run_params(run_dir, step)
-    params = jax.device_get(run.params)
+    params = host_params(run)
     backbone = params["backbone"] if run.cfg.fgrams.enabled else params
     meta = {"format_version": FORMAT_VERSION, "vocab_size": run.info["vocab_size"],
             "tokenizer_sha256": run.info["tokenizer_sha256"], "checkpoint_fingerprint": run.fingerprint,
@@ -51,6 +53,13 @@ def export_backbone(run_dir: str | Path, out: str | Path, step: int | None = Non
             "combine": run.cfg.fgrams.combine if run.cfg.fgrams.enabled else None,
             "fgram_set_fingerprint": run.info.get("fgram_set_fingerprint"),
             "max_n": run.cfg.fgrams.max_n if run.cfg.fgrams.enabled else None}
+    if jax.process_index() == 0:
+        write_backbone(out, backbone, run, meta, overwrite)
+    barrier("backbone-written")
+    return meta
+
+
+def write_backbone(out: str | Path, backbone: dict, run: RunParams, meta: dict, overwrite: bool) -> None:
     with atomic_dir(out, overwrite=overwrite) as tmp:
         buffer = io.BytesIO()
         np.savez(buffer, **flatten(backbone))
@@ -60,7 +69,6 @@ def export_backbone(run_dir: str | Path, out: str | Path, step: int | None = Non
         if tokenizer.is_file():  # serving needs it to turn text into ids
             (tmp / "tokenizer.model").write_bytes(tokenizer.read_bytes())
         atomic_write_json(tmp / "meta.json", meta)
-    return meta
 
 
 def load_backbone(directory: str | Path) -> tuple[dict, dict, dict]:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from jax.sharding import Mesh
+import jax
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
 
 from scone_jax.config import Config
 from scone_jax.dist.mesh import make_mesh
@@ -61,3 +64,22 @@ def load_run_params(run_dir: str | Path, step: int | None = None, mesh: Mesh | N
     return RunParams(cfg=cfg, info=info, step=step, handle=setup.handle, params=state["params"], mesh=mesh,
                      rules=rules, fingerprint=digest.hexdigest())
 
+
+def host_params(run: RunParams) -> Any:
+    """The params as numpy arrays on every process (in a multi-process job, gathered from all of them)."""
+    return multihost_utils.process_allgather(run.params, tiled=True)
+
+
+def on_local_devices(run: RunParams) -> RunParams:
+    """In a multi-process job, the run with its params copied onto a mesh of this process's devices,
+    for work each process does alone (its rows of the exported table) without collectives.
+
+    The tensor axis keeps its size where the local devices allow: with the same split of every
+    matmul (and as many rows per device), each row comes out bitwise as on the whole mesh."""
+    if jax.process_count() == 1:
+        return run
+    devices = jax.local_devices()
+    tensor = math.gcd(run.mesh.shape["tensor"], len(devices))
+    mesh = make_mesh(len(devices) // tensor, 1, tensor, devices=devices)
+    shardings = jax.tree.map(lambda x: NamedSharding(mesh, x.sharding.spec), run.params)
+    return replace(run, params=jax.device_put(host_params(run), shardings), mesh=mesh)

@@ -4,14 +4,20 @@ F-grams are processed in row ranges (the unit of resumption); inside a range the
 by length, so each batch is [N, n] with no padding to K. Batches are sharded over the data
 axes of the mesh. In replace mode the stored row is F(w) - T(last token of w), so the input
 layer at inference is the same lookup-and-add in both modes (SCONE.md section 3).
+
+In a multi-process job each process restores the checkpoint onto its own devices, computes and
+writes its own blocks of rows (whole shards, so no two processes write one file) and records them
+in its own progress file; process 0 commits the table when every process is done.
 """
 
 from __future__ import annotations
 
-import os
+import json
+import math
 import shutil
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import jax
@@ -20,24 +26,32 @@ import numpy as np
 from jax.sharding import NamedSharding
 from tqdm import tqdm
 
+from scone_jax.atomic import replace_dir, storage_errors
+from scone_jax.checksums import MANIFEST, manifest
+from scone_jax.dist.distributed import barrier
 from scone_jax.dist.rules import activation_sharding, logical_to_spec
 from scone_jax.errors import UserError
-from scone_jax.export.checkpoint_params import RunParams, load_run_params
+from scone_jax.export.checkpoint_params import RunParams, load_run_params, on_local_devices
 from scone_jax.export.table_store import (
     FGRAM_SET_DIR,
     FORMAT_VERSION,
     META,
-    PROGRESS,
+    META_CHECKSUM,
     ROW_DTYPES,
+    Location,
     combine_checksums,
     create_array,
     kvstore,
+    meta_digest,
     parse_location,
+    progress_key,
+    progress_keys,
     quantize,
     range_checksum,
     read_json,
     write_json,
 )
+from scone_jax.fgrams.store import FILES as FGRAM_SET_FILES
 from scone_jax.fgrams.store import FgramSet
 
 
@@ -75,17 +89,117 @@ def compute_range(fn, params, fgram_set: FgramSet, a: int, b: int, batch_rows: i
     return out
 
 
+def row_ranges(num_rows: int, range_rows: int) -> list[tuple[int, int]]:
+    """The resumable units of an export: the same for any number of processes."""
+    return [(a, min(a + range_rows, num_rows)) for a in range(0, num_rows, range_rows)]
+
+
+def assigned_ranges(ranges: list[tuple[int, int]], block_rows: int, process_index: int,
+                    process_count: int) -> list[tuple[int, int]]:
+    """One process's share of `ranges`: whole blocks of `block_rows` rows, dealt round-robin. A
+    block is whole shards of the arrays, so no two processes ever write the same file."""
+    return [(a, b) for a, b in ranges if a // block_rows % process_count == process_index]
+
+
+def data_parallel(mesh) -> int:
+    return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def read_progress(work: Location, header: dict) -> dict[tuple[int, int], str]:
+    """{(a, b): checksum} of the finished ranges, from the progress files of every process."""
+    done = {}
+    for key in progress_keys(work):
+        state = read_json(work, key)
+        if state["header"] != header:
+            raise UserError(f"an unfinished export at {work.url} is of something else (another checkpoint, dtype "
+                            "or f-gram set); remove it to start over")
+        done.update({(a, b): digest for a, b, digest in state["done"]})
+    return done
+
+
+def clear_leftover(work: Location) -> None:
+    """Remove a local `.partial` with no progress files (process 0, before the others look)."""
+    if work.local_path and work.local_path.exists() and not progress_keys(work):
+        shutil.rmtree(work.local_path)  # nothing to resume: a table swapped out by an interrupted replace
+
+
+def create_arrays(work: Location, num_rows: int, width: int, dtype: str, chunk_rows: int, shard_rows: int):
+    """The rows array and, for int8, the scales array (both cut into shards of `shard_rows` rows)."""
+    rows = create_array(work, "rows", (num_rows, width), dtype, chunk_rows, shard_rows)
+    scales = create_array(work, "scales", (num_rows,), "float32", math.gcd(chunk_rows * 64, shard_rows),
+                          shard_rows) if dtype == "int8" else None
+    return rows, scales
+
+
+def write_ranges(ranges, compute, arrays, dtype: str, work: Location, state: dict, bar) -> None:
+    """Compute and write each range, then record it in this process's progress file."""
+    rows_arr, scales_arr = arrays
+    key = progress_key(jax.process_index())
+    for a, b in ranges:
+        stored, scale = quantize(compute(a, b), dtype)
+        rows_arr[a:b].write(stored).result()
+        if scales_arr is not None:
+            scales_arr[a:b].write(scale).result()
+        state["done"].append([a, b, range_checksum(stored, scale)])
+        write_json(work, key, state)  # after the data: a range is done only once written
+        bar.update(b - a)
+
+
+def copy_fgram_set(work: Location, fgram_set: FgramSet) -> None:
+    """The f-gram set (tokens, keys and their ids: the key index) travels with the table."""
+    store, copied = kvstore(work), {}
+    for name in FGRAM_SET_FILES:
+        if name != MANIFEST:  # the copy gets a manifest of the bytes copied (the source may predate them)
+            data = (Path(fgram_set.path) / name).read_bytes()
+            store.write(f"{FGRAM_SET_DIR}/{name}", data).result()
+            copied[name] = (len(data), zlib.crc32(data))
+    store.write(f"{FGRAM_SET_DIR}/{MANIFEST}", json.dumps(manifest(copied), indent=2).encode()).result()
+
+
+def commit(work: Location, final: Location, header: dict, fgram_set: FgramSet, ranges: list[tuple[int, int]],
+           rows_per_s: float | None) -> dict:
+    """Process 0, once every process has written its rows: check that all ranges are there, write
+    meta.json (the commit point for object stores) and move a local table into place."""
+    done = read_progress(work, header)
+    missing = [r for r in ranges if r not in done]
+    if missing:
+        raise UserError(f"table {work.url} lacks {len(missing)} of {len(ranges)} row ranges (first: rows "
+                        f"{missing[0][0]}-{missing[0][1]}) after every process finished (expected storage "
+                        "that every process shares)")
+    copy_fgram_set(work, fgram_set)
+    meta = {**header, "ranges": [[a, b] for a, b in ranges],
+            "checksum": combine_checksums([(a, b, done[a, b]) for a, b in ranges]), "rows_per_s": rows_per_s}
+    meta[META_CHECKSUM] = meta_digest(meta)
+    write_json(work, META, meta)
+    if final.local_path:
+        keys = progress_keys(work)
+        replace_dir(work.local_path, final.local_path)
+        for key in keys:
+            (final.local_path / key).unlink(missing_ok=True)
+    return meta
+
+
 def export_table(run_dir: str | Path, url: str, dtype: str = "float32", step: int | None = None,
                  batch_rows: int = 1024, range_rows: int = 65536, chunk_rows: int = 256,
                  shard_rows: int = 65536, progress: bool = True, overwrite: bool = False) -> dict:
-    """Export the table of run `run_dir` to `url`; resumes an unfinished export of the same checkpoint."""
+    """Export the table of run `run_dir` to `url`; resumes an unfinished export of the same checkpoint.
+
+    A local table is written into `url.partial` and renamed into place when complete; an existing
+    table replaced with `overwrite` stays intact until then. A write the storage refuses is a
+    one-line UserError, and the finished ranges in `url.partial` are kept for the next try.
+
+    In a multi-process job every process computes and writes its own blocks of whole shards on
+    its own devices and records them in its own progress file; process 0 commits the table once
+    all are done. The table is bitwise the one a single process writes."""
+    pid, nproc = jax.process_index(), jax.process_count()
     if dtype not in ROW_DTYPES:
         raise UserError(f"table dtype {dtype!r} (expected one of {ROW_DTYPES})")
-    if jax.process_count() > 1:
-        # a per-process split of the ranges needs process-local meshes for the f-gram model
-        raise UserError("export runs as a single process for now (its mesh may span all local devices); "
-                        f"this job has {jax.process_count()} processes")
+    if shard_rows <= 0 or chunk_rows <= 0 or shard_rows % chunk_rows:
+        raise UserError(f"shard_rows={shard_rows} (expected a positive multiple of chunk_rows={chunk_rows})")
     final = parse_location(url)
+    if nproc > 1 and final.kvstore["driver"] == "memory":
+        raise UserError(f"table {url} would live in one process's memory (expected a path or URL that "
+                        f"all {nproc} processes can write)")
     if read_json(final, META) is not None and not overwrite:
         raise UserError(f"table {url} already exists (remove it or pass --overwrite)")
     run = load_run_params(run_dir, step)
@@ -96,8 +210,9 @@ def export_table(run_dir: str | Path, url: str, dtype: str = "float32", step: in
         raise UserError(f"f-gram set {fgram_set.path} changed since run {run_dir} was trained "
                         f"(fingerprint {fgram_set.fingerprint[:12]}, expected {run.info['fgram_set_fingerprint'][:12]})")
     num_rows, width = len(fgram_set.lengths), run.cfg.model.d_model
-    dp = run.mesh.shape["data"] * run.mesh.shape["fsdp"]
-    batch_rows = -(-batch_rows // dp) * dp
+    rows_per_device = -(-batch_rows // data_parallel(run.mesh))
+    run = on_local_devices(run)
+    batch_rows = rows_per_device * data_parallel(run.mesh)  # as many rows per device as on the whole mesh
     header = {
         "format_version": FORMAT_VERSION, "num_rows": num_rows, "width": width, "dtype": dtype,
         "max_n": fgram_set.max_n, "combine": run.cfg.fgrams.combine,
@@ -106,49 +221,28 @@ def export_table(run_dir: str | Path, url: str, dtype: str = "float32", step: in
         "range_rows": range_rows,
     }
     work = parse_location(str(final.local_path) + ".partial") if final.local_path else final
-    if final.local_path and final.local_path.exists() and overwrite:
-        shutil.rmtree(final.local_path)
-    state = read_json(work, PROGRESS)
-    if state is not None and state["header"] != header:
-        raise UserError(f"an unfinished export at {work.url} is of something else (another checkpoint, dtype "
-                        "or f-gram set); remove it to start over")
-    state = state or {"header": header, "done": []}
-    rows_arr = create_array(work, "rows", (num_rows, width), dtype, chunk_rows, shard_rows)
-    scales_arr = create_array(work, "scales", (num_rows,), "float32", chunk_rows * 64, shard_rows) \
-        if dtype == "int8" else None
-    spec = logical_to_spec(("fgram/batch",), run.rules)
-    shardings = (NamedSharding(run.mesh, jax.sharding.PartitionSpec(spec[0], None)), NamedSharding(run.mesh, spec))
-    fn = fgram_rows_fn(run, run.cfg.fgrams.combine)
-    ranges = [(a, min(a + range_rows, num_rows)) for a in range(0, num_rows, range_rows)]
-    done = {(a, b) for a, b, _ in state["done"]}
-    start = time.perf_counter()
-    bar = tqdm(total=num_rows, initial=sum(b - a for a, b in done), desc="export", unit="row",
-               file=sys.stderr, disable=not progress, dynamic_ncols=True)
-    computed = 0
-    for a, b in ranges:
-        if (a, b) in done:
-            continue
-        rows = compute_range(fn, run.params, fgram_set, a, b, batch_rows, shardings)
-        stored, scale = quantize(rows, dtype)
-        rows_arr[a:b].write(stored).result()
-        if scales_arr is not None:
-            scales_arr[a:b].write(scale).result()
-        state["done"].append([a, b, range_checksum(stored, scale)])
-        write_json(work, PROGRESS, state)  # after the data: a range is done only once written
-        computed += b - a
-        bar.update(b - a)
-    bar.close()
-    elapsed = time.perf_counter() - start
-    # the f-gram set (tokens, keys and their ids: the key index) travels with the table
-    store = kvstore(work)
-    for path in sorted(Path(fgram_set.path).iterdir()):
-        if path.is_file() and (path.suffix == ".npy" or path.name == "meta.json"):
-            store.write(f"{FGRAM_SET_DIR}/{path.name}", path.read_bytes()).result()
-    done = [tuple(r) for r in state["done"]]
-    meta = {**header, "ranges": [[a, b] for a, b, _ in sorted(done)], "checksum": combine_checksums(done),
-            "rows_per_s": computed / elapsed if elapsed > 0 and computed else None}
-    write_json(work, META, meta)  # the commit point for object stores
-    if final.local_path:
-        (work.local_path / PROGRESS).unlink(missing_ok=True)
-        os.replace(work.local_path, final.local_path)
-    return meta
+    ranges = row_ranges(num_rows, range_rows)
+    mine = assigned_ranges(ranges, math.lcm(range_rows, shard_rows), pid, nproc)
+    with storage_errors(f"table {work.url}"):
+        if pid == 0:
+            clear_leftover(work)
+        barrier("export-started")
+        done = read_progress(work, header)
+        state = read_json(work, progress_key(pid)) or {"header": header, "done": []}
+        arrays = create_arrays(work, num_rows, width, dtype, chunk_rows, shard_rows)  # or opens them
+        spec = logical_to_spec(("fgram/batch",), run.rules)
+        shardings = (NamedSharding(run.mesh, jax.sharding.PartitionSpec(spec[0], None)), NamedSharding(run.mesh, spec))
+        fn = fgram_rows_fn(run, run.cfg.fgrams.combine)
+        start = time.perf_counter()
+        bar = tqdm(total=sum(b - a for a, b in mine), initial=sum(b - a for a, b in mine if (a, b) in done),
+                   desc="export", unit="row", file=sys.stderr, disable=not progress or pid != 0, dynamic_ncols=True)
+        write_ranges([r for r in mine if r not in done],
+                     lambda a, b: compute_range(fn, run.params, fgram_set, a, b, batch_rows, shardings),
+                     arrays, dtype, work, state, bar)
+        bar.close()
+        barrier("export-rows-written")
+        elapsed, computed = time.perf_counter() - start, num_rows - sum(b - a for a, b in done)  # by all processes
+        rows_per_s = computed / elapsed if elapsed > 0 and computed else None
+        meta = commit(work, final, header, fgram_set, ranges, rows_per_s) if pid == 0 else None
+        barrier("export-committed")
+    return meta or read_json(final, META)
