@@ -133,9 +133,9 @@ class FgramInputs:
     fgram_set: FgramSet
     batcher: FgramBatcher
 
-    def batcher_for(self, dataset: TokenizedDataset) -> FgramBatcher:
+    def batcher_for(self, dataset: TokenizedDataset, progress: bool = True) -> FgramBatcher:
         """The same buffers for another dataset (an extra eval set), tagged with this set."""
-        ids, lengths = tags_for_dataset(dataset, self.fgram_set)
+        ids, lengths = tags_for_dataset(dataset, self.fgram_set, progress=progress)
         return replace(self.batcher, tag_ids=ids, tag_lengths=lengths)
 
 
@@ -170,11 +170,14 @@ def load_or_build_fgram_set(cfg: FgramConfig, dataset: TokenizedDataset, train_i
 
 def prepare_fgram_inputs(cfg: FgramConfig, dataset: TokenizedDataset, train_ids: np.ndarray,
                          run_dir: str | Path, positions_per_host: int, row_multiple: int,
-                         progress: bool = True) -> FgramInputs:
-    """The run's f-gram set, the dataset's tags, and a batcher whose buffers grow in steps of
-    1/32 of a batch's positions (rounded to the data-parallel size)."""
+                         progress: bool = True, process_index: int = 0, process_count: int = 1,
+                         barrier=None) -> FgramInputs:
+    """The run's f-gram set, the dataset's tags (each of `process_count` processes tagging its
+    share, see `tags_for_dataset`), and a batcher whose buffers grow in steps of 1/32 of a
+    batch's positions (rounded to the data-parallel size)."""
     fgram_set = load_or_build_fgram_set(cfg, dataset, train_ids, run_dir, progress)
-    ids, lengths = tags_for_dataset(dataset, fgram_set, progress=progress)
+    ids, lengths = tags_for_dataset(dataset, fgram_set, progress=progress, process_index=process_index,
+                                    process_count=process_count, barrier=barrier)
     granule = round_up(max(positions_per_host // 32, 1), row_multiple)
     batcher = FgramBatcher(ids, lengths, fgram_set.tokens, fgram_set.lengths, granule=granule, dedup=cfg.dedup)
     if cfg.capacity:

@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from scone_jax.atomic import atomic_dir
+from scone_jax.atomic import atomic_dir, atomic_write_json, replace_dir
+from scone_jax.checksums import ChecksumError, verify_manifest, write_manifest
 from scone_jax.errors import UserError
 from scone_jax.fgrams.corpus import Corpus
 from scone_jax.fgrams.hashindex import HashIndex
@@ -114,13 +117,15 @@ def tag_tokens(fs, tokens, doc_offsets=None) -> tuple[np.ndarray, np.ndarray]:
 
 def tag_corpus(fs, corpus: Corpus, out_ids=None, out_lengths=None, *, workers: int | None = None,
                progress: bool = True, chunk: int | None = None, keep: bool = True,
-               memory_budget: int | None = None):
+               memory_budget: int | None = None, span: tuple[int, int] | None = None):
     """Tag a whole corpus chunk by chunk on a thread pool.
 
     Returns (ids, lengths, match_length_histogram); ids/lengths are in-memory arrays, or
     `.npy` memmaps when `out_ids` / `out_lengths` paths are given (a corpus larger than RAM),
     or None with `keep=False` (statistics only). Chunks of `chunk` tokens (default: a million,
-    fewer when `memory_budget` asks, at ~100 bytes per token in flight per worker).
+    fewer when `memory_budget` asks, at ~100 bytes per token in flight per worker). With
+    `span=(a, b)` only tokens a..b-1 are tagged, into existing `out_ids` / `out_lengths`
+    files (one process's share; the histogram covers the span).
     """
     check_vocab(fs, corpus)
     tagger = fs.tagger()
@@ -129,7 +134,11 @@ def tag_corpus(fs, corpus: Corpus, out_ids=None, out_lengths=None, *, workers: i
     if chunk is None:
         chunk = TAG_CHUNK if memory_budget is None else int(np.clip(memory_budget // (4 * workers * 100),
                                                                     1 << 12, TAG_CHUNK))
-    if out_ids is not None:
+    first, end = span or (0, n_tok)
+    if out_ids is not None and span is not None:
+        ids = np.load(out_ids, mmap_mode="r+", allow_pickle=False)
+        lens = np.load(out_lengths, mmap_mode="r+", allow_pickle=False)
+    elif out_ids is not None:
         ids = np.lib.format.open_memmap(out_ids, mode="w+", dtype=np.int32, shape=(n_tok,))
         lens = np.lib.format.open_memmap(out_lengths, mode="w+", dtype=np.uint8, shape=(n_tok,))
     elif keep:
@@ -138,7 +147,7 @@ def tag_corpus(fs, corpus: Corpus, out_ids=None, out_lengths=None, *, workers: i
         ids = lens = None
 
     def job(a: int) -> np.ndarray:
-        b = min(a + chunk, n_tok)
+        b = min(a + chunk, end)
         lo = max(0, a - (k - 1))
         t = corpus.read(lo, b)
         starts = corpus.starts(lo, b)
@@ -148,10 +157,10 @@ def tag_corpus(fs, corpus: Corpus, out_ids=None, out_lengths=None, *, workers: i
         return np.bincount(n[a - lo:], minlength=k + 1)
 
     hist = np.zeros(k + 1, np.int64)
-    bar = tqdm(total=n_tok, unit="tok", unit_scale=True, desc="tag", disable=not progress,
+    bar = tqdm(total=end - first, unit="tok", unit_scale=True, desc="tag", disable=not progress,
                file=sys.stderr, leave=False)
     with ThreadPoolExecutor(workers) as pool:
-        for h in pool.map(job, range(0, n_tok, chunk)):
+        for h in pool.map(job, range(first, end, chunk)):
             hist += h
             bar.update(int(h.sum()))
     bar.close()
@@ -178,13 +187,16 @@ def tags_dir(dataset_path: str | os.PathLike, fs) -> Path:
     return Path(dataset_path) / TAGS_DIR / fs.fingerprint[:16]
 
 
-def tags_for_dataset(dataset, fs, *, workers: int | None = None,
-                     progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def tags_for_dataset(dataset, fs, *, workers: int | None = None, progress: bool = True,
+                     process_index: int = 0, process_count: int = 1,
+                     barrier: Callable[[str], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(ids int32 [N], lengths uint8 [N]) for every token of a tokenized dataset.
 
-    Loads `DATASET/tags/<fingerprint>/` when it exists and matches this set and dataset;
-    otherwise tags once and saves there (atomically) so training never recomputes. A
-    read-only dataset directory falls back to tagging in memory.
+    Loads `DATASET/tags/<fingerprint>/` when it exists, matches this set and dataset, and passes
+    its checksums; otherwise tags once and saves there (atomically) so training never
+    recomputes. A read-only dataset directory falls back to tagging in memory. In a job of
+    `process_count` processes sharing the dataset directory, every process calls this (with a
+    `barrier(name)` that waits for all of them) and tags only its share of the tokens.
     """
     if isinstance(dataset, str | os.PathLike):
         from scone_jax.data.dataset import TokenizedDataset
@@ -195,6 +207,10 @@ def tags_for_dataset(dataset, fs, *, workers: int | None = None,
     want = {"fgram_fingerprint": fs.fingerprint, "tokens_sha256": dataset.meta.get("tokens_sha256"),
             "num_tokens": dataset.num_tokens}
     found = _load_tags(final, want)
+    if process_count > 1:
+        barrier("tags-checked")  # every process has looked before any starts writing
+        if found is None:
+            return _tag_split(dataset, fs, final, want, process_index, process_count, barrier, workers, progress)
     if found is not None:
         return found
     corpus = Corpus.from_dataset(dataset)
@@ -204,6 +220,7 @@ def tags_for_dataset(dataset, fs, *, workers: int | None = None,
                                     workers=workers, progress=progress)
             (tmp / "meta.json").write_text(json.dumps({**want, "match_length_histogram": hist.tolist(),
                                                        "fgram_set": str(fs.path or "")}, indent=2) + "\n")
+            write_manifest(tmp)
     except PermissionError:
         print(f"warning: cannot write tags beside {dataset.path}; tagging in memory", file=sys.stderr)
         ids, lens, _ = tag_corpus(fs, corpus, workers=workers, progress=progress)
@@ -218,13 +235,55 @@ def tags_for_dataset(dataset, fs, *, workers: int | None = None,
     return found
 
 
+def _tag_split(dataset, fs, final: Path, want: dict, process_index: int, process_count: int,
+               barrier: Callable[[str], None], workers: int | None, progress: bool):
+    """Each process tags a contiguous share of the tokens into files process 0 created; process
+    0 then adds the histograms, writes meta.json and the manifest, and renames the directory
+    into place. Shares may cut documents: each chunk reads K-1 tokens of left context."""
+    staging = final.parent / f".{final.name}.split"
+    n_tok = dataset.num_tokens
+    if process_index == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        for name, dtype in (("ids.npy", np.int32), ("lengths.npy", np.uint8)):
+            np.lib.format.open_memmap(staging / name, mode="w+", dtype=dtype, shape=(n_tok,)).flush()
+    barrier("tags-staged")
+    bounds = np.linspace(0, n_tok, process_count + 1).astype(np.int64)
+    span = (int(bounds[process_index]), int(bounds[process_index + 1]))
+    _, _, hist = tag_corpus(fs, Corpus.from_dataset(dataset), staging / "ids.npy", staging / "lengths.npy",
+                            workers=workers, progress=progress, span=span)
+    atomic_write_json(staging / f"histogram.{process_index}.json", hist.tolist())
+    barrier("tags-written")
+    if process_index == 0:
+        parts = [staging / f"histogram.{i}.json" for i in range(process_count)]
+        total = np.sum([json.loads(part.read_text()) for part in parts], axis=0)
+        for part in parts:
+            part.unlink()
+        (staging / "meta.json").write_text(json.dumps({**want, "match_length_histogram": total.tolist(),
+                                                       "fgram_set": str(fs.path or "")}, indent=2) + "\n")
+        write_manifest(staging)
+        replace_dir(staging, final)
+    barrier("tags-ready")
+    found = _load_tags(final, want)
+    if found is None:
+        raise UserError(f"tags written by {process_count} processes are missing or damaged in {final} "
+                        "(expected a dataset directory every process shares)")
+    return found
+
+
 def _load_tags(directory: Path, want: dict):
+    """The saved tags if they match `want`; None (tag again) if absent, stale or damaged."""
+    try:
+        verify_manifest(directory, required=("ids.npy", "lengths.npy", "meta.json"))
+    except ChecksumError as e:
+        print(f"warning: {e}; tagging again", file=sys.stderr)
+        return None
     try:
         meta = json.loads((directory / "meta.json").read_text())
         if any(meta.get(k) != v for k, v in want.items()):
             return None
-        ids = np.load(directory / "ids.npy", mmap_mode="r")
-        lens = np.load(directory / "lengths.npy", mmap_mode="r")
+        ids = np.load(directory / "ids.npy", mmap_mode="r", allow_pickle=False)
+        lens = np.load(directory / "lengths.npy", mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError):
         return None
     if ids.shape != (want["num_tokens"],) or lens.shape != ids.shape:

@@ -18,10 +18,17 @@ from scone_jax.data.fgram_batches import (
     FgramInputs,
     global_fgram_index,
     group_key,
+    load_or_build_fgram_set,
     pad_rows,
     prepare_fgram_inputs,
 )
-from scone_jax.data.pipeline import BatchStream, WindowSource, eval_batches, split_documents
+from scone_jax.data.pipeline import (
+    BatchStream,
+    WindowSource,
+    eval_batch_count,
+    eval_batches,
+    split_documents,
+)
 from scone_jax.data.prepare import prepare_dataset
 from scone_jax.dist.distributed import barrier
 from scone_jax.dist.mesh import make_mesh
@@ -113,10 +120,11 @@ def _named_eval_sets(cfg: Config, dataset: TokenizedDataset, eval_ids: np.ndarra
         if other.tokenizer_sha256 != dataset.tokenizer_sha256:
             raise UserError(f"eval dataset {path} was tokenized with tokenizer {other.tokenizer_sha256[:12]}, "
                             f"but the run uses {dataset.tokenizer_sha256[:12]}")
-        name = Path(path).name
-        transform = fgrams.batcher_for(other) if fgrams else None
-        sets[name] = eval_batches(WindowSource(other, np.arange(other.num_docs), cfg.data.seq_len), batch,
-                                  cfg.train.eval_batches, pid, nproc, transform=transform)
+        source = WindowSource(other, np.arange(other.num_docs), cfg.data.seq_len)
+        eval_batch_count(source, batch, cfg.train.eval_batches, f"eval dataset {path}")  # before tagging it
+        transform = fgrams.batcher_for(other, progress=cfg.logging.progress and pid == 0) if fgrams else None
+        sets[Path(path).name] = eval_batches(source, batch, cfg.train.eval_batches, pid, nproc, transform=transform,
+                                             name=f"eval dataset {path}")
     return sets
 
 
@@ -154,19 +162,15 @@ def open_session(cfg: Config, run_dir: Path, extra_eval: list[str] | None = None
     train_ids, eval_ids = split_documents(dataset.num_docs, cfg.data.eval_fraction, cfg.data.seed)
     fgrams = None
     if cfg.fgrams.enabled:
-        def prepare():
-            return prepare_fgram_inputs(
-                cfg.fgrams, dataset, train_ids, run_dir,
-                positions_per_host=cfg.train.batch_size // jax.process_count() * cfg.data.seq_len,
-                row_multiple=data_parallel, progress=cfg.logging.progress and jax.process_index() == 0)
-
-        if jax.process_count() > 1 and jax.process_index() != 0:
-            barrier("fgrams-ready")  # process 0 counts and tags (into the run dir and dataset) first
-            fgrams = prepare()
-        else:
-            fgrams = prepare()
-            if jax.process_count() > 1:
-                barrier("fgrams-ready")
+        main_process = jax.process_index() == 0
+        if main_process:  # process 0 counts the f-gram set (into the run dir) while the others wait
+            load_or_build_fgram_set(cfg.fgrams, dataset, train_ids, run_dir, cfg.logging.progress)
+        barrier("fgram-set-ready")
+        fgrams = prepare_fgram_inputs(  # every process tags its share of the dataset
+            cfg.fgrams, dataset, train_ids, run_dir,
+            positions_per_host=cfg.train.batch_size // jax.process_count() * cfg.data.seq_len,
+            row_multiple=data_parallel, progress=cfg.logging.progress and main_process,
+            process_index=jax.process_index(), process_count=jax.process_count(), barrier=barrier)
     stream = BatchStream(WindowSource(dataset, train_ids, cfg.data.seq_len), cfg.train.batch_size,
                          seed=cfg.train.seed, process_index=jax.process_index(),
                          process_count=jax.process_count(), transform=fgrams.batcher if fgrams else None)

@@ -119,7 +119,7 @@ def test_tags_are_stored_beside_the_dataset_and_reused(tmp_path, rng, monkeypatc
     want_ids, want_lens = expected(fs, docs)
     assert ids.tolist() == want_ids and lens.tolist() == want_lens
     stored = tmp_path / "ds" / "tags" / fs.fingerprint[:16]
-    assert sorted(p.name for p in stored.iterdir()) == ["ids.npy", "lengths.npy", "meta.json"]
+    assert sorted(p.name for p in stored.iterdir()) == ["checksums.json", "ids.npy", "lengths.npy", "meta.json"]
 
     def boom(*a, **k):
         raise AssertionError("tags were recomputed")
@@ -138,3 +138,46 @@ def test_tokenizer_mismatch_is_refused(tmp_path, rng):
     with pytest.raises(UserError, match="tokenized with tokenizer"):
         tags_for_dataset(other, fs, progress=False)
     assert not (tmp_path / "b" / "tags").exists()
+
+
+def test_tagging_split_across_processes_equals_one_process(tmp_path, rng):
+    """Each of P processes (threads here, with a real barrier) tags its share of the dataset:
+    the tags saved beside it equal the brute-force ones, shares cutting documents included."""
+    import json
+    import threading
+
+    docs = [rng.integers(0, 7, int(rng.integers(1, 400))) for _ in range(int(rng.integers(3, 9)))]
+    ds = make_dataset(tmp_path / "ds", docs, 7)
+    fs = select_fgrams(Corpus.from_dataset(ds), 4, 60, 2, progress=False)
+    fs.save(tmp_path / "set")
+    fs = FgramSet.load(tmp_path / "set")
+    processes = int(rng.integers(2, 5))
+    wall = threading.Barrier(processes, timeout=60)
+    results, spans = [None] * processes, []
+    real_tag_corpus = tag_mod.tag_corpus
+
+    def tag_and_record(*args, **kwargs):
+        spans.append(kwargs["span"])
+        return real_tag_corpus(*args, **kwargs)
+
+    def process(i):
+        results[i] = tags_for_dataset(ds, fs, progress=False, workers=1, process_index=i,
+                                      process_count=processes, barrier=lambda name: wall.wait())
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tag_mod, "tag_corpus", tag_and_record)
+        threads = [threading.Thread(target=process, args=(i,)) for i in range(processes)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    want_ids, want_lens = expected(fs, docs)
+    for ids, lens in results:
+        assert ids.tolist() == want_ids and lens.tolist() == want_lens
+    bounds = np.linspace(0, ds.num_tokens, processes + 1).astype(int).tolist()
+    assert sorted(spans) == list(zip(bounds[:-1], bounds[1:]))  # contiguous shares, cutting documents
+    stored = tmp_path / "ds" / "tags" / fs.fingerprint[:16]
+    assert sorted(p.name for p in stored.iterdir()) == ["checksums.json", "ids.npy", "lengths.npy", "meta.json"]
+    histogram = np.bincount(want_lens, minlength=fs.max_n + 1).tolist()
+    assert json.loads((stored / "meta.json").read_text())["match_length_histogram"] == histogram
+    assert not list((tmp_path / "ds" / "tags").glob(".*"))  # no staging directory left
