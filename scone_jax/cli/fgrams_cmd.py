@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from scone_jax.atomic import check_output_path
 from scone_jax.config.schema import FgramConfig
 from scone_jax.errors import UserError
 
@@ -61,6 +62,10 @@ def register(subparsers) -> None:
     b.add_argument("--beam-no-prune", action="store_true",
                    help="count every n-gram without the Apriori side input (same result; for survivor "
                         "sets too large for a worker's memory)")
+    b.add_argument("--heldout-fraction", type=float, default=0.0, metavar="F",
+                   help="count only DATASET's training split: hold out the documents `scone-jax train` "
+                        "holds out with data.eval_fraction=F and data.seed=--split-seed (default 0: count all)")
+    b.add_argument("--split-seed", type=int, default=0, metavar="N", help="data.seed of that split (default 0)")
     b.add_argument("--no-stats", action="store_true", help="skip tagging the corpus for stats.json/stats.png")
     b.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -140,11 +145,13 @@ def cmd_build(args) -> int:
 
     check_settings(args.max_n, args.num_fgrams, args.min_count)
     _check_workers(args)
+    if args.tmp_dir:
+        check_output_path(args.tmp_dir, "--tmp-dir")
     budget = outofcore.parse_size(args.memory_budget) if args.memory_budget else None
     if args.dataset and "://" in args.dataset:
         raise UserError(f"{args.dataset}: give a local DATASET path; for workers reading a copy on shared "
                         f"storage add --beam-dataset URL")
-    corpus = _corpus(args)
+    corpus = _training_split(args) if args.heldout_fraction else _corpus(args)
     kwargs = {}
     if args.backend == "beam":
         kwargs["beam_options"] = shlex.split(args.beam_options) if args.beam_options else None
@@ -161,6 +168,21 @@ def cmd_build(args) -> int:
         print(format_stats(fs.stats))
     print(f"wrote {fs.num_fgrams:,} f-grams to {args.out}")
     return 0
+
+
+def _training_split(args):
+    """The documents `scone-jax train` trains on, so that held-out text never chooses f-grams."""
+    from scone_jax.data.dataset import TokenizedDataset
+    from scone_jax.data.fgram_batches import train_split_corpus
+    from scone_jax.data.pipeline import split_documents
+
+    if not args.dataset:
+        raise UserError("--heldout-fraction needs a tokenized DATASET directory (not --token-ids)")
+    if not 0.0 < args.heldout_fraction < 1.0:
+        raise UserError(f"--heldout-fraction {args.heldout_fraction} (expected 0 < F < 1)")
+    dataset = TokenizedDataset.open(args.dataset)
+    train_ids, _ = split_documents(dataset.num_docs, args.heldout_fraction, args.split_seed)
+    return train_split_corpus(dataset, train_ids)
 
 
 def _check_workers(args) -> None:
@@ -232,9 +254,10 @@ def cmd_tag(args) -> int:
     out_ids, out_lengths = Path(args.out_ids), Path(args.out_lengths)
     if out_ids.resolve() == out_lengths.resolve():
         raise UserError("--out-ids and --out-lengths must be different files")
-    for path in (out_ids, out_lengths):
+    for flag, path in (("--out-ids", out_ids), ("--out-lengths", out_lengths)):
         if not path.parent.is_dir():
             raise UserError(f"directory {path.parent} for {path.name} does not exist")
+        check_output_path(path, flag, is_file=True)
     tmp_ids = _tmp_sibling(out_ids)
     tmp_lengths = _tmp_sibling(out_lengths)
     try:
@@ -246,7 +269,7 @@ def cmd_tag(args) -> int:
         for path in (tmp_ids, tmp_lengths):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-    _report_tags(np.load(out_lengths, mmap_mode="r"), f"wrote {out_ids} and {out_lengths}")
+    _report_tags(np.load(out_lengths, mmap_mode="r", allow_pickle=False), f"wrote {out_ids} and {out_lengths}")
     return 0
 
 
@@ -270,6 +293,9 @@ def cmd_stats(args) -> int:
     from scone_jax.fgrams.tag import tag_corpus
 
     _check_workers(args)
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            check_output_path(path, flag, is_file=True)
     fs = FgramSet.load(args.fgram_set)
     corpus = _corpus(args, required=False)
     if corpus is not None:

@@ -12,7 +12,7 @@ import sys
 
 from scone_jax.errors import UserError
 
-COMMANDS = ("tokenize", "fgrams", "train", "eval", "export", "generate", "demo")
+COMMANDS = ("tokenize", "fgrams", "train", "eval", "export", "generate", "sweep", "report", "demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,9 @@
 """The training loop: resume, step, log, evaluate, checkpoint, stop cleanly on a signal.
 
 Order inside one iteration: run the jitted step, fetch its metrics, refuse a non-finite loss
-(before anything is saved), write metrics, then let the checkpointer save on its interval.
+(before anything is saved), write metrics, evaluate when due, then let the checkpointer save
+on its interval: a checkpoint comes after every record of its step, so a resume (which cuts
+the log back to the checkpoint's step) never loses or repeats one.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from scone_jax.metrics.writers import MetricsWriter
 from scone_jax.train.checkpoint import Checkpointer
 from scone_jax.train.run_dir import RUN_INFO_FILE, check_run_dir, save_run_config
 from scone_jax.train.session import evaluate, open_session
+
+FINAL_EVAL_FILE = "final_eval.json"  # held-out results at the last step: a finished run has one
 
 
 class TrainingDiverged(UserError):
@@ -72,11 +76,10 @@ def train(cfg: Config) -> dict:
     ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep, cfg.checkpoint.async_save)
     writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard, print_fn=tqdm.write)
     setup = session.setup
-    latest = ckpt.latest_step()
-    if latest is None:
+    state = ckpt.restore_newest_intact(setup.abstract_state, setup.shardings)
+    if state is None:
         state, start = setup.create(), 0
     else:
-        state = ckpt.restore(setup.abstract_state, setup.shardings, latest)
         start = int(jax.device_get(state["step"]))
     writer.truncate_after(start)
     summary = {"run_dir": str(run_dir), "start_step": start, "steps": total,
@@ -87,9 +90,16 @@ def train(cfg: Config) -> dict:
               f"{session.dataset.num_tokens:,} tokens, "
               + (f"resuming at step {start}" if start else "starting from scratch"), flush=True)
     if start >= total:
+        if not (run_dir / FINAL_EVAL_FILE).is_file():  # stopped between the last save and the final eval
+            summary["eval"] = evaluate(session, session.eval_step(), state["params"])
+            if is_main:
+                atomic_write_json(run_dir / FINAL_EVAL_FILE, {"step": start, "results": summary["eval"]})
         ckpt.close()
         writer.close()
         summary["status"] = "already complete"
+        if is_main:
+            print(f"run {run_dir} is already complete ({total} steps); final evaluation in "
+                  f"{run_dir / FINAL_EVAL_FILE}", flush=True)
         return summary
 
     train_step, eval_step = session.train_step(), session.eval_step()
@@ -100,6 +110,7 @@ def train(cfg: Config) -> dict:
                disable=not (cfg.logging.progress and is_main), dynamic_ncols=True)
     batches = session.train_stream.iterate(start)
     step, stopped_by = start, None
+    logged = start  # the last step whose state is sound and whose records are all written: safe to save
     window_start, window_steps, window_flops = time.perf_counter(), 0, 0.0
     clean = False
     try:
@@ -113,7 +124,8 @@ def train(cfg: Config) -> dict:
                     metrics.update(batch["fgram_stats"], fgram_overflow=overflows)
                 step += 1
                 window_steps += 1
-                window_flops += session.flops_per_step(batch)
+                metrics["step_flops"] = session.flops_per_step(batch)
+                window_flops += metrics["step_flops"]
                 if step == start + 1:  # the first step includes compilation: keep it out of timings
                     window_start, window_steps, window_flops = time.perf_counter(), 0, 0.0
                 if not math.isfinite(metrics["loss"]):
@@ -134,12 +146,13 @@ def train(cfg: Config) -> dict:
                 writer.write(step, metrics, echo=log_now)
                 summary["final_loss"] = metrics["loss"]
                 bar.update(1)
-                ckpt.maybe_save(step, state)
                 if (cfg.train.eval_every and step % cfg.train.eval_every == 0) or step == total:
                     for name, result in evaluate(session, eval_step, state["params"]).items():
                         writer.write(step, {"set": name, **result}, kind="eval")
                         summary.setdefault("eval", {})[name] = result
                     window_start, window_steps, window_flops = time.perf_counter(), 0, 0.0
+                logged = step
+                ckpt.maybe_save(step, state)
                 if stop_agreed(received):
                     stopped_by = signal.Signals(received[0]).name if received else "a peer's signal"
                     break
@@ -148,13 +161,16 @@ def train(cfg: Config) -> dict:
         bar.close()
         # a save is collective: after an error on one process its peers cannot join one
         can_save = clean or jax.process_count() == 1
-        if can_save and step > start and ckpt.latest_step() != step and "final_loss" in summary \
-                and math.isfinite(summary["final_loss"]):
-            ckpt.maybe_save(step, state, force=True)
-        ckpt.close()
-        writer.close()
+        try:
+            if can_save and step > start and logged == step and ckpt.latest_step() != step:
+                ckpt.maybe_save(step, state, force=True)
+        finally:
+            ckpt.close()
+            writer.close()
     summary["end_step"] = step
     summary["status"] = f"stopped by {stopped_by}" if stopped_by else "complete"
+    if step == total and is_main:  # only once the last checkpoint is committed: it marks a finished run
+        atomic_write_json(run_dir / FINAL_EVAL_FILE, {"step": step, "results": summary.get("eval", {})})
     if is_main:
         msg = (f"{stopped_by}: saved step {step} to {run_dir / 'checkpoints'}; rerun the same command to resume"
                if stopped_by else f"done: {step} steps; checkpoints in {run_dir / 'checkpoints'}, "
@@ -167,9 +183,10 @@ def evaluate_run(run_dir: str | Path, extra_eval: list[str] | None = None, step:
                  table: str | None = None, tier: str = "host") -> dict:
     """Perplexity and bits per byte of a run's checkpoint on its held-out split and `extra_eval`
     datasets: with the live f-gram model, or with an exported table (`table`, in `tier`)."""
-    from scone_jax.train.run_dir import load_run_config
+    from scone_jax.train.run_dir import load_run_config, require_checkpoint
 
     cfg = load_run_config(run_dir)
+    require_checkpoint(run_dir, step)
     session = open_session(cfg, Path(run_dir), extra_eval)
     if not session.eval_sets:
         raise UserError(f"run {run_dir} has no held-out split (data.eval_fraction=0); pass --dataset DIR")
@@ -181,8 +198,6 @@ def evaluate_run(run_dir: str | Path, extra_eval: list[str] | None = None, step:
         results = evaluate_engine(engine, session.eval_sets, session.dataset.token_bytes)
         return {"step": engine.step, "table": table, "tier": tier, "results": results}
     ckpt = Checkpointer(Path(run_dir) / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep, False)
-    if ckpt.latest_step() is None:
-        raise UserError(f"run {run_dir} has no checkpoint to evaluate")
     state = ckpt.restore(session.setup.abstract_state, session.setup.shardings, step)
     ckpt.close()
     results = evaluate(session, session.eval_step(), state["params"])

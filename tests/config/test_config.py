@@ -6,7 +6,7 @@ from scone_jax.config import load_config, parse_overrides, save_config
 from scone_jax.config.load import PRESET_DIR
 from scone_jax.errors import UserError
 
-SHIPPED = sorted(p for p in PRESET_DIR.rglob("*.yaml") if "results" not in p.parts)
+SHIPPED = sorted(p for p in PRESET_DIR.rglob("*.yaml") if not {"results", "sweeps"} & set(p.parts))  # sweeps: tests/sweep
 
 
 def test_presets_exist():
