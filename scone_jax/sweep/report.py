@@ -18,7 +18,7 @@ from scone_jax.errors import UserError
 from scone_jax.metrics.flops import count_fgram_params, count_params, model_flops
 from scone_jax.sweep.plan import PLAN_FILE
 from scone_jax.train.loop import FINAL_EVAL_FILE
-from scone_jax.train.run_dir import RUN_INFO_FILE, load_run_config
+from scone_jax.train.run_dir import CONFIG_FILE, RUN_INFO_FILE, load_run_config
 
 TABLE_BYTES_PER_VALUE = 4  # float32 rows, `scone-jax export`'s default
 COLUMNS = ("point", "status", "scone", "combine", "num_fgrams", "max_n", "fgram_model_size", "fgram_model_layers",
@@ -95,7 +95,10 @@ def gather(sweep_dir: str | Path) -> tuple[dict, list[dict]]:
         run_dir = Path(point["run_dir"])
         if not run_dir.is_absolute() and not run_dir.exists():
             run_dir = sweep_dir / "points" / point["name"]
-        row = point_row(point["name"], run_dir)
+        if (run_dir / CONFIG_FILE).is_file():
+            row = point_row(point["name"], run_dir)
+        else:  # its directory was removed, or the sweep was expanded elsewhere
+            row = {"point": point["name"], "status": "missing", "scone": None}
         row.update({f"axis:{k}": v for k, v in point["axes"].items()})
         rows.append(row)
     return plan, rows

@@ -177,3 +177,22 @@ def test_fgrams_build_heldout_fraction_needs_a_dataset(tmp_path, capsys):
     assert main(["fgrams", "build", "--token-ids", str(ids), "--heldout-fraction", "0.1",
                  "--out", str(tmp_path / "fg"), "--no-progress"]) == 2
     assert "--heldout-fraction needs a tokenized DATASET" in capsys.readouterr().err
+
+
+def test_report_of_an_unstarted_sweep_lists_points_as_incomplete_or_missing(tmp_path):
+    import csv
+    import shutil
+
+    from scone_jax.sweep.report import write_report
+
+    path = _write(tmp_path, "config: tiny_scone\npoints: {base: {fgrams.enabled: false}}\n"
+                            "grid: {fgrams.num_fgrams: [10, 20]}\n")
+    plan = plan_sweep(load_sweep(path), tmp_path / "out")
+    plan.write()
+    shutil.rmtree(tmp_path / "out" / "points" / "num_fgrams-20")
+    report = write_report(tmp_path / "out")
+    rows = list(csv.DictReader((report / "results.csv").open()))
+    assert [(r["point"], r["status"]) for r in rows] == [("base", "incomplete"), ("num_fgrams-10", "incomplete"),
+                                                         ("num_fgrams-20", "missing")]
+    assert "| num_fgrams-20 | missing |" in (report / "results.md").read_text()
+    assert not list(report.glob("*.png"))  # nothing finished: nothing to plot
