@@ -37,14 +37,6 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
 
 
-def file_sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 @dataclass
 class TokenizedDataset:
     """Read-only view of a dataset directory. `tokens` is a memmap: opening costs no RAM."""
@@ -109,12 +101,6 @@ class TokenizedDataset:
 
     def doc(self, i: int) -> np.ndarray:
         return np.asarray(self.tokens[self.doc_offsets[i]:self.doc_offsets[i + 1]])
-
-    def verify(self) -> None:
-        """Recompute the tokens checksum (reads the whole file); raise if it differs from meta."""
-        actual = file_sha256(self.path / TOKENS_FILE)
-        if actual != self.meta["tokens_sha256"]:
-            raise UserError(f"{self.path / TOKENS_FILE} fails its checksum (sha256 {actual[:12]}..., expected {self.meta['tokens_sha256'][:12]}...)")
 
 
 class DatasetWriter:

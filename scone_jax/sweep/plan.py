@@ -21,13 +21,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from scone_jax.atomic import atomic_write_json
 from scone_jax.config import Config, load_config
-from scone_jax.config.load import save_config
 from scone_jax.data.dataset import META_FILE
 from scone_jax.errors import UserError
 from scone_jax.sweep.spec import Point, SweepSpec, format_value
 from scone_jax.train.loop import FINAL_EVAL_FILE
-from scone_jax.train.run_dir import CONFIG_FILE, config_differences
+from scone_jax.train.run_dir import CONFIG_FILE, check_run_dir, save_run_config
 
 PLAN_FILE = "sweep.json"
 
@@ -70,23 +70,17 @@ class SweepPlan:
     def write(self) -> None:
         """Save the expansion and each point's resolved config (checked against an earlier one)."""
         for pp in self.points:
-            run_dir = Path(pp.config.run_dir)
-            saved = run_dir / CONFIG_FILE
-            if saved.is_file():
-                differs = config_differences(load_config(saved), pp.config)
-                if differs:
-                    raise UserError(f"sweep point {pp.point.name}: {run_dir} holds a run with a different config "
-                                    f"(differs in {', '.join(differs[:5])}); use another --out or restore the sweep file")
-            else:
-                run_dir.mkdir(parents=True, exist_ok=True)
-                save_config(pp.config, saved)
+            try:
+                run_dir = check_run_dir(pp.config)
+            except UserError as e:
+                raise UserError(f"sweep point {pp.point.name}: {e}") from None
+            if not (run_dir / CONFIG_FILE).is_file():
+                save_run_config(pp.config)
         record = {"name": self.spec.name, "sweep_file": str(self.spec.path.absolute()),
                   "config": str(self.spec.config), "eval_corpora": self.spec.eval_corpora,
                   "points": [{"name": pp.point.name, "axes": pp.point.axes, "overrides": pp.overrides,
                               "run_dir": pp.config.run_dir} for pp in self.points],
                   "steps": [{"kind": s.kind, "name": s.name, "argv": s.argv} for s in self.steps]}
-        from scone_jax.atomic import atomic_write_json
-
         atomic_write_json(self.sweep_dir / PLAN_FILE, record)
 
 

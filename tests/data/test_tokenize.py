@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -15,7 +16,7 @@ import pytest
 import scone_jax.cli.main as cli_main
 from scone_jax.config.schema import DataConfig
 from scone_jax.data.corpus import corpus_fingerprint, default_corpus, iter_documents
-from scone_jax.data.dataset import TokenizedDataset
+from scone_jax.data.dataset import TOKENS_FILE, TokenizedDataset
 from scone_jax.data.tokenize import (
     TOKENIZER_FILE,
     build_dataset,
@@ -82,7 +83,8 @@ def test_tokens_per_document_are_encode_plus_eos(tokenizer, tmp_path, rng):
     # Bits-per-byte accounting: token bytes = text bytes + one dummy-prefix space per document.
     assert int(ds.token_bytes[np.asarray(ds.tokens)].sum()) == meta["num_bytes"] + len(docs)
     assert dataset_tokenizer(ds).sha256 == tokenizer.sha256
-    ds.verify()
+    tokens_sha256 = hashlib.sha256((tmp_path / "ds" / TOKENS_FILE).read_bytes()).hexdigest()
+    assert tokens_sha256 == meta["tokens_sha256"]  # the dataset's fingerprint
 
 
 def test_no_eos_and_given_corpus_fingerprint(tokenizer, tmp_path, rng):

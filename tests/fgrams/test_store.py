@@ -49,6 +49,9 @@ def test_corruption_is_detected(tmp_path, small_set):
     (tmp_path / "set" / "checksums.json").unlink()  # a set saved before manifests: its own checks still apply
     with pytest.raises(UserError, match="shape"):
         FgramSet.load(tmp_path / "set")
+    np.save(tmp_path / "set" / "counts.npy", counts)  # right shape, wrong values: the arrays' sha256
+    with pytest.raises(UserError, match="counts.npy fails its checksum; the set is corrupt"):
+        FgramSet.load(tmp_path / "set")
     with pytest.raises(UserError, match="not an f-gram set"):
         FgramSet.load(tmp_path)
 

@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import yaml
@@ -20,7 +16,7 @@ from scone_jax.data.fgram_batches import train_split_corpus
 from scone_jax.data.pipeline import split_documents
 from scone_jax.fgrams.build import build_fgram_set
 from scone_jax.fgrams.store import FgramSet
-from tests.train.helpers import REPO, read_metrics
+from tests.train.helpers import cli, read_metrics, wait_for_step
 
 TINY = {"model.d_model": 32, "model.n_layers": 2, "model.n_heads": 2, "model.max_seq_len": 32,
         "data.seq_len": 32, "data.eval_fraction": 0.1, "train.batch_size": 8, "train.steps": 12,
@@ -38,35 +34,14 @@ def _sweep_file(tmp_path, dataset) -> str:
     return str(path)
 
 
-def _sweep(args, **kwargs) -> subprocess.Popen:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    return subprocess.Popen([sys.executable, "-m", "scone_jax.cli.main", "sweep", *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, **kwargs)
-
-
-def _wait_for_checkpoint(run_dir, proc, timeout=300):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        assert proc.poll() is None, proc.stdout.read()
-        try:
-            if any(r["step"] >= 6 for r in read_metrics(run_dir)) and (run_dir / "checkpoints").is_dir():
-                return
-        except (FileNotFoundError, ValueError):
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"{run_dir} never reached step 6")
-
-
 def test_tiny_sweep_runs_skips_resumes_and_reports(markov_dataset, tmp_path, capsys):
     sweep, out = _sweep_file(tmp_path, markov_dataset), tmp_path / "sw"
     points = out / "points"
     killed = points / "num_fgrams-40_model_size-1x"  # the third run: two finished before it
-    proc = _sweep([sweep, "--out", str(out)])
-    _wait_for_checkpoint(killed, proc)
+    proc = cli(["sweep", sweep, "--out", str(out)])
+    wait_for_step(killed, 6, proc)  # past its checkpoint at step 4
     proc.send_signal(signal.SIGTERM)  # to the sweep only: it must stop its running train process too
-    assert proc.wait(timeout=180) == 130, proc.stdout.read()
+    assert proc.wait(timeout=180) == 130, proc.communicate()
     log = (out / "logs" / "train_num_fgrams-40_model_size-1x.log").read_text()
     assert "SIGTERM: saved step" in log  # the run checkpointed and exited, it was not orphaned
     assert not (killed / "final_eval.json").exists()
