@@ -87,7 +87,7 @@ class FgramConfig:
     n_heads: int = 0  # 0 = backbone's heads when widths match, else d_model // 64
     combine: str = "replace"  # replace (the paper) | add
     dedup: bool = True  # compute each distinct f-gram of a batch once
-    capacity: int = 0  # buffer rows per f-gram length before it grows; 0 = calibrate on early batches
+    capacity: int = 0  # f-gram model node slots per data shard before they grow; 0 = calibrate
 
     def validate(self) -> None:
         _check(2 <= self.max_n <= 16, f"fgrams.max_n={self.max_n} (expected 2..16)")

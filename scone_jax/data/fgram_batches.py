@@ -4,20 +4,25 @@ Each token of the dataset is tagged once with its longest f-gram match (fgrams/t
 batch's f-grams are a lookup: `tag_ids[positions]`. Matches may reach back before the window
 start (the tags were computed over whole documents) but never across a document boundary.
 
-The f-grams of a batch go to the device in one buffer per length n = 2..K
-(`fgram_tokens_<n>` [C_n, n]), so the f-gram model computes no padding; with deduplication
-each distinct f-gram is one row. `fgram_index` [B, T] points into the rows of all buffers
-concatenated (-1 = no match). Buffer sizes are static so the jitted step keeps its shapes:
-C_n is the calibrated capacity for length n, or, when a batch has more rows of that length
-(an overflow, counted in the stats), the next multiple of `granule` that fits, which costs
-one recompile per new size and is always exact. Sizes depend on the batch alone, so a
-resumed run sees the same shapes as an uninterrupted one.
+The f-gram model is causal with start-aligned positions, so its hidden states at position m
+depend only on an f-gram's first m+1 tokens: f-grams sharing a prefix share that computation.
+The batcher therefore sends the batch's f-grams as a prefix forest: one node per distinct
+prefix (with deduplication; without it every matched position has its own chain), each node
+carrying its token and its path, the buffer slots of its ancestors and itself (`fgram_paths`
+[G, C, K], -1 past its depth). The f-gram model runs every node once, attending along its path
+(model/fgram_model.py), and `fgram_index` [B, T] points each position at the node of its full
+f-gram (-1 = no match). A trie is rooted at an f-gram's first token; whole tries go to one of G
+groups (one per data shard of the host, balanced by size), so attention never leaves a shard.
+Buffers are static: C slots per group, calibrated on early batches; a batch that needs more
+gets the next multiple of `granule` that fits (an overflow, counted in the stats: one
+recompile per new size, always exact). Sizes depend on the batch alone, so a resumed run sees
+the same shapes as an uninterrupted one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,13 +35,65 @@ from scone_jax.fgrams.corpus import Corpus
 from scone_jax.fgrams.store import FgramSet
 from scone_jax.fgrams.tag import tags_for_dataset
 
+NODE_KEYS = ("fgram_nodes", "fgram_paths")  # [G, C] tokens, [G, C, K] ancestor slots
+
 
 def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def group_key(n: int) -> str:
-    return f"fgram_tokens_{n}"
+@dataclass
+class PrefixForest:
+    """f-grams as prefix nodes: `tokens` [N], `paths` [N, K] (node ids of the ancestors at
+    depths 0..m and the node itself at m, -1 after), and `node_of_row` [R], each f-gram's node."""
+
+    tokens: np.ndarray
+    paths: np.ndarray
+    node_of_row: np.ndarray
+
+
+def prefix_forest(tokens: np.ndarray, lengths: np.ndarray, share_prefixes: bool) -> PrefixForest:
+    """The forest of f-gram rows [R, K] (right-padded) of `lengths` [R]. With `share_prefixes`
+    equal prefixes are one node (a trie per first token); else each row is its own chain."""
+    rows_total, k = tokens.shape
+    node_of_row = np.full(rows_total, -1, np.int64)
+    radix = int(tokens.max()) + 1 if rows_total else 1
+    node_tokens, paths = [], []
+    count = 0
+    for depth in range(k):
+        rows = np.flatnonzero(lengths > depth)
+        if not len(rows):
+            break
+        if share_prefixes:
+            key = tokens[rows, depth] if depth == 0 else node_of_row[rows] * radix + tokens[rows, depth]
+            _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        else:
+            first = inverse = np.arange(len(rows))
+        new = rows[first]  # one representative row per new node
+        path = np.full((len(new), k), -1, np.int64)
+        if depth:
+            path[:, :depth] = np.concatenate(paths)[node_of_row[new], :depth]  # the parent's path
+        path[:, depth] = count + np.arange(len(new))
+        node_tokens.append(tokens[new, depth])
+        paths.append(path)
+        node_of_row[rows] = count + inverse.reshape(-1)
+        count += len(new)
+    if not count:
+        return PrefixForest(np.zeros(0, np.int64), np.zeros((0, k), np.int64), node_of_row)
+    return PrefixForest(np.concatenate(node_tokens), np.concatenate(paths), node_of_row)
+
+
+def assign_groups(roots: np.ndarray, groups: int) -> np.ndarray:
+    """A group for each node from its root: tries largest first, dealt out in a snake order
+    (0..G-1, G-1..0, ...) so group sizes stay close without a per-tree Python loop."""
+    if groups == 1:
+        return np.zeros(len(roots), np.int64)
+    root_ids, inverse, sizes = np.unique(roots, return_inverse=True, return_counts=True)
+    order = np.lexsort((root_ids, -sizes))
+    turn = np.arange(len(root_ids)) % (2 * groups)
+    group_of_root = np.empty(len(root_ids), np.int64)
+    group_of_root[order] = np.where(turn < groups, turn, 2 * groups - 1 - turn)
+    return group_of_root[inverse.reshape(-1)]
 
 
 @dataclass
@@ -45,85 +102,84 @@ class FgramBatcher:
     tag_lengths: np.ndarray  # [num_tokens] match length, 0 = none
     fgram_tokens: np.ndarray  # [S, K] token ids, right-padded with -1
     fgram_lengths: np.ndarray  # [S]
-    granule: int  # buffer rows are a multiple of this (itself a multiple of the data-parallel size)
-    capacity: dict[int, int] = field(default_factory=dict)  # calibrated rows per length
+    granule: int  # node slots per group grow in multiples of this
+    capacity: int = 0  # calibrated node slots per group
     dedup: bool = True
+    groups: int = 1  # one per data shard of this host's batch
 
     @property
     def max_n(self) -> int:
         return self.fgram_tokens.shape[1]
 
-    def entries(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The buffer entries (f-gram ids) for a batch's ids, and each matched position's entry:
-        each distinct f-gram once with deduplication, else one entry per matched position."""
+    def forest(self, ids: np.ndarray) -> tuple[PrefixForest, np.ndarray, np.ndarray]:
+        """The batch's forest, each node's group, and each matched position's row of it."""
         matched = ids[ids >= 0]
         if self.dedup:
-            return np.unique(matched, return_inverse=True)
-        return matched, np.arange(len(matched))
+            rows, row_of_position = np.unique(matched, return_inverse=True)
+        else:
+            rows, row_of_position = matched, np.arange(len(matched))
+        forest = prefix_forest(self.fgram_tokens[rows], self.fgram_lengths[rows], share_prefixes=self.dedup)
+        return forest, assign_groups(forest.paths[:, 0], self.groups), row_of_position.reshape(-1)
+
+    def slots_needed(self, group: np.ndarray) -> int:
+        return int(np.bincount(group, minlength=self.groups).max()) if len(group) else 0
 
     def calibrate(self, batches: Iterable[dict[str, np.ndarray]], headroom: float = 1.1) -> None:
-        """Set each length's capacity from sample batches (the largest seen, plus headroom)."""
-        peak = np.zeros(self.max_n + 1, np.int64)
-        for batch in batches:
-            rows, _ = self.entries(np.asarray(self.tag_ids[batch["positions"]]))
-            peak = np.maximum(peak, np.bincount(self.fgram_lengths[rows], minlength=self.max_n + 1))
-        self.capacity = {n: round_up(max(int(peak[n] * headroom), 1), self.granule)
-                         for n in range(2, self.max_n + 1)}
+        """Set the slots per group from sample batches (the largest seen, plus headroom)."""
+        peak = max((self.slots_needed(self.forest(np.asarray(self.tag_ids[b["positions"]]))[1])
+                    for b in batches), default=0)
+        self.capacity = round_up(max(int(peak * headroom), 1), self.granule)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Add `fgram_index` [B, T], the per-length buffers `fgram_tokens_<n>`, and `fgram_stats`."""
+        """Add `fgram_index` [B, T], the node buffers `fgram_nodes`/`fgram_paths`, and `fgram_stats`."""
         ids = np.asarray(self.tag_ids[batch["positions"]], dtype=np.int64)
         matched = ids >= 0
-        rows, entry_of_position = self.entries(ids)
-        lengths = self.fgram_lengths[rows]
-        slot = np.empty(len(rows), np.int32)  # each entry's row in the buffers concatenated
-        out = dict(batch)
-        offset, overflow = 0, 0
-        for n in range(2, self.max_n + 1):
-            where = np.flatnonzero(lengths == n)
-            capacity = self.capacity.get(n, self.granule)
-            size = max(capacity, round_up(max(len(where), 1), self.granule))
-            overflow += int(len(where) > capacity)
-            tokens = np.zeros((size, n), np.int32)
-            tokens[:len(where)] = self.fgram_tokens[rows[where], :n]
-            out[group_key(n)] = tokens
-            slot[where] = offset + np.arange(len(where))
-            offset += size
+        forest, group, row_of_position = self.forest(ids)
+        need = self.slots_needed(group)
+        slots = max(self.capacity, round_up(max(need, 1), self.granule))
+        order = np.argsort(group, kind="stable")
+        starts = np.searchsorted(group[order], np.arange(self.groups))
+        local = np.empty(len(group), np.int64)
+        local[order] = np.arange(len(group)) - starts[group[order]]
+        slot = group * slots + local  # each node's slot in the flattened [G * C] buffer
+        node_tokens = np.zeros((self.groups, slots), np.int32)
+        paths = np.full((self.groups, slots, self.max_n), -1, np.int32)
+        paths[:, :, 0] = np.arange(slots)  # padding slots: a one-token f-gram, never read
+        node_tokens.reshape(-1)[slot] = forest.tokens
+        paths.reshape(-1, self.max_n)[slot] = np.where(forest.paths >= 0, local[np.maximum(forest.paths, 0)], -1)
         index = np.full(ids.shape, -1, np.int32)
-        index[matched] = slot[entry_of_position]
+        index[matched] = slot[forest.node_of_row[row_of_position]]
         n_matched = int(matched.sum())
-        out["fgram_index"] = index
+        out = dict(batch)
+        out.update(fgram_index=index, fgram_nodes=node_tokens, fgram_paths=paths)
         out["fgram_ids"] = ids.astype(np.int32)  # host-side only: what serving looks up
         out["fgram_stats"] = {
             "match_rate": n_matched / ids.size,
-            "distinct_ratio": (len(rows) if self.dedup else len(np.unique(rows))) / n_matched if n_matched else 0.0,
+            "distinct_ratio": len(np.unique(ids[matched])) / n_matched if n_matched else 0.0,
             "mean_match_length": float(np.asarray(self.tag_lengths[batch["positions"]])[matched].mean())
             if n_matched else 0.0,
-            "fgram_rows": offset,
-            "fgram_positions": int(sum(out[group_key(n)].size for n in range(2, self.max_n + 1))),
-            "fgram_overflow": overflow,
+            "fgram_nodes": len(forest.tokens),
+            "fgram_positions": int(node_tokens.size),
+            "fgram_overflow": int(need > self.capacity),
         }
         return out
 
 
-def pad_rows(batch: dict[str, np.ndarray], rows: dict[int, int]) -> dict[str, np.ndarray]:
-    """Grow each length's buffer to `rows[n]` (so every host of a job uses the same shapes),
-    re-pointing `fgram_index` into the new concatenated layout."""
-    have = {n: batch[group_key(n)].shape[0] for n in rows}
-    if have == rows:
+def pad_slots(batch: dict[str, np.ndarray], slots: int) -> dict[str, np.ndarray]:
+    """Grow each group's node buffer to `slots` (so every host of a job uses the same shapes),
+    re-pointing `fgram_index` into the new layout."""
+    groups, have, k = batch["fgram_paths"].shape
+    if have == slots:
         return batch
-    out = dict(batch)
-    old_start = new_start = 0
-    remap = np.full(sum(have.values()), -1, np.int32)
-    for n in sorted(rows):
-        remap[old_start:old_start + have[n]] = np.arange(new_start, new_start + have[n])
-        tokens = np.zeros((rows[n], n), np.int32)
-        tokens[:have[n]] = batch[group_key(n)]
-        out[group_key(n)] = tokens
-        old_start, new_start = old_start + have[n], new_start + rows[n]
+    tokens = np.zeros((groups, slots), np.int32)
+    tokens[:, :have] = batch["fgram_nodes"]
+    paths = np.full((groups, slots, k), -1, np.int32)
+    paths[:, :, 0] = np.arange(slots)
+    paths[:, :have] = batch["fgram_paths"]
     index = batch["fgram_index"]
-    out["fgram_index"] = np.where(index >= 0, remap[np.maximum(index, 0)], -1).astype(np.int32)
-    return out
+    moved = index // have * slots + index % have
+    return {**batch, "fgram_nodes": tokens, "fgram_paths": paths,
+            "fgram_index": np.where(index >= 0, moved, -1).astype(np.int32)}
 
 
 @dataclass
@@ -169,27 +225,22 @@ def load_or_build_fgram_set(cfg: FgramConfig, dataset: TokenizedDataset, train_i
 
 
 def prepare_fgram_inputs(cfg: FgramConfig, dataset: TokenizedDataset, train_ids: np.ndarray,
-                         run_dir: str | Path, positions_per_host: int, row_multiple: int,
+                         run_dir: str | Path, positions_per_host: int, groups: int,
                          progress: bool = True, process_index: int = 0, process_count: int = 1,
                          barrier=None) -> FgramInputs:
     """The run's f-gram set, the dataset's tags (each of `process_count` processes tagging its
-    share, see `tags_for_dataset`), and a batcher whose buffers grow in steps of 1/32 of a
-    batch's positions (rounded to the data-parallel size)."""
+    share, see `tags_for_dataset`), and a batcher with `groups` node buffers (the host's data
+    shards) that grow in steps of 1/32 of a group's positions."""
     fgram_set = load_or_build_fgram_set(cfg, dataset, train_ids, run_dir, progress)
     ids, lengths = tags_for_dataset(dataset, fgram_set, progress=progress, process_index=process_index,
                                     process_count=process_count, barrier=barrier)
-    granule = round_up(max(positions_per_host // 32, 1), row_multiple)
-    batcher = FgramBatcher(ids, lengths, fgram_set.tokens, fgram_set.lengths, granule=granule, dedup=cfg.dedup)
-    if cfg.capacity:
-        batcher.capacity = {n: round_up(cfg.capacity, granule) for n in range(2, fgram_set.max_n + 1)}
+    granule = round_up(max(positions_per_host // (32 * groups), 1), 8)
+    batcher = FgramBatcher(ids, lengths, fgram_set.tokens, fgram_set.lengths, granule=granule, dedup=cfg.dedup,
+                           groups=groups, capacity=round_up(cfg.capacity, granule))
     return FgramInputs(fgram_set=fgram_set, batcher=batcher)
 
 
-def global_fgram_index(index: np.ndarray, rows: np.ndarray, process_index: int, process_count: int) -> np.ndarray:
-    """Host-local buffer rows -> rows of the global buffers, where each length's global
-    buffer is the processes' buffers of that length stacked in process order."""
-    starts_local = np.concatenate([[0], np.cumsum(rows)[:-1]])
-    starts_global = starts_local * process_count + process_index * rows
-    group = np.searchsorted(np.cumsum(rows), np.maximum(index, 0), side="right")
-    moved = index - starts_local[group] + starts_global[group]
-    return np.where(index >= 0, moved, -1).astype(np.int32)
+def global_fgram_index(index: np.ndarray, slots_per_host: int, process_index: int) -> np.ndarray:
+    """Host-local node slots -> slots of the global buffer, the hosts' buffers (each padded
+    to the same size) stacked in process order."""
+    return np.where(index >= 0, index + process_index * slots_per_host, -1).astype(np.int32)

@@ -91,6 +91,14 @@ def model_flops(cfg: ModelConfig, vocab_size: int, seq_len: int) -> ModelFlops:
                       forward_per_token=_forward_per_token(cfg, seq_len) + head)
 
 
+def fgram_forward_per_node(fgram: FgramConfig, backbone: ModelConfig) -> float:
+    """Forward FLOPs of the f-gram model on one node of a prefix forest: one position,
+    attending over K path slots, with the width projections in and out."""
+    cfg = fgram.model_config(backbone)
+    proj = 4 * backbone.d_model * cfg.d_model if cfg.d_model != backbone.d_model else 0
+    return _forward_per_token(cfg, fgram.max_n) + proj
+
+
 def fgram_forward_per_row(fgram: FgramConfig, backbone: ModelConfig, length: int) -> float:
     """Forward FLOPs of the f-gram model on one f-gram of `length` tokens (all are computed)."""
     cfg = fgram.model_config(backbone)

@@ -36,19 +36,37 @@ class FgramModel(nnx.Module):
     def __call__(self, token_embeddings: jax.Array, lengths: jax.Array) -> jax.Array:
         """[N, K, d_backbone] embeddings T(tokens) of right-padded f-grams, [N] lengths -> [N, d_backbone]."""
         with axis_namespace("fgram/"):
-            x = token_embeddings.astype(self.dtype)
-            if self.projected:
-                x = x @ self.proj_in[...].astype(self.dtype)
-            k = x.shape[1]
-            positions = jnp.broadcast_to(jnp.arange(k), x.shape[:2])
-            x = x + self.pos_embed[...][:k].astype(self.dtype)
-            x = constrain(x, ("batch", "seq", "embed"))
+            k = token_embeddings.shape[1]
+            positions = jnp.broadcast_to(jnp.arange(k), token_embeddings.shape[:2])
+            x = self._embed(token_embeddings, positions)
             mask = causal_mask(k)
             for block in self.blocks:
                 x = block(x, positions, mask)
-            h = self.final_norm(x)
             last = jnp.clip(lengths - 1, 0, k - 1)
-            out = jnp.take_along_axis(h, last[:, None, None].astype(jnp.int32), axis=1)[:, 0]
-            if self.projected:
-                out = out @ self.proj_out[...].astype(self.dtype)
+            out = self._output(jnp.take_along_axis(x, last[:, None, None].astype(jnp.int32), axis=1)[:, 0])
             return constrain(out, ("batch", "embed"))
+
+    def forest(self, token_embeddings: jax.Array, paths: jax.Array) -> jax.Array:
+        """F of every node of a prefix forest (data/fgram_batches.py): [G, C, d_backbone]
+        embeddings of the nodes' tokens, [G, C, K] paths -> [G, C, d_backbone]. A node's output
+        is F of the f-gram its path spells, each shared prefix computed once."""
+        with axis_namespace("fgram/"):
+            depths = jnp.sum(paths >= 0, axis=-1) - 1
+            x = self._embed(token_embeddings, depths)
+            for block in self.blocks:
+                x = block.tree(x, depths, paths)
+            return constrain(self._output(x), ("batch", "seq", "embed"))
+
+    def _embed(self, token_embeddings: jax.Array, positions: jax.Array) -> jax.Array:
+        x = token_embeddings.astype(self.dtype)
+        if self.projected:
+            x = x @ self.proj_in[...].astype(self.dtype)
+        x = x + jnp.take(self.pos_embed[...], positions, axis=0).astype(self.dtype)
+        return constrain(x, ("batch", "seq", "embed"))
+
+    def _output(self, h: jax.Array) -> jax.Array:
+        """The final norm, and the projection back to the backbone's width."""
+        out = self.final_norm(h)
+        if self.projected:
+            out = out @ self.proj_out[...].astype(self.dtype)
+        return out

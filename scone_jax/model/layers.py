@@ -103,16 +103,38 @@ class Attention(nnx.Module):
         scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32) / math.sqrt(cfg.head_dim)
         scores = jnp.where(mask[:, None, :, :], scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out = jnp.einsum("bhqs,bshk->bqhk", probs, v)
+        return self._project_out(jnp.einsum("bhqs,bshk->bqhk", probs, v))
+
+    def _project_out(self, out: jax.Array) -> jax.Array:
         out = constrain(out, ("batch", "seq", "heads", "head_dim"))
-        y = jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt))
+        y = jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(out.dtype))
         if self.use_bias:
-            y = y + self.bo[...].astype(dt)
+            y = y + self.bo[...].astype(out.dtype)
         return y
 
     def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
         q, k, v = self._qkv(x, positions)
         return self._attend(q, k, v, mask)
+
+    def tree(self, x: jax.Array, depths: jax.Array, paths: jax.Array) -> jax.Array:
+        """Attention of each node of a prefix forest over its own path: x [G, C, d], `paths`
+        [G, C, K] slots of the node's ancestors and itself within its group (-1 = none).
+
+        A node at depth m sees exactly what position m of its f-gram sees under a causal mask,
+        so this equals running every f-gram alone, with shared prefixes computed once.
+        """
+        cfg = self.cfg
+        q, k, v = self._qkv(x, depths)
+        along_path = jax.vmap(lambda values, slots: values[slots])  # within a group: shard-local
+        slots = jnp.maximum(paths, 0)
+        k, v = along_path(k, slots), along_path(v, slots)  # [G, C, K, kv_heads, head_dim]
+        groups = cfg.n_heads // cfg.kv_heads
+        if groups > 1:
+            k, v = jnp.repeat(k, groups, axis=3), jnp.repeat(v, groups, axis=3)
+        scores = jnp.einsum("gchk,gcshk->gchs", q, k).astype(jnp.float32) / math.sqrt(cfg.head_dim)
+        scores = jnp.where((paths >= 0)[:, :, None, :], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+        return self._project_out(jnp.einsum("gchs,gcshk->gchk", probs, v))
 
     def cached(self, x: jax.Array, positions: jax.Array, cache: dict, start: jax.Array,
                first_valid: jax.Array):
@@ -172,7 +194,13 @@ class Block(nnx.Module):
         self.mlp = Mlp(cfg, rngs=rngs)
 
     def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
-        x = x + self.attn(self.attn_norm(x), positions, mask)
+        return self._mlp_residual(x + self.attn(self.attn_norm(x), positions, mask))
+
+    def tree(self, x: jax.Array, depths: jax.Array, paths: jax.Array) -> jax.Array:
+        """The block over a prefix forest's nodes (see `Attention.tree`)."""
+        return self._mlp_residual(x + self.attn.tree(self.attn_norm(x), depths, paths))
+
+    def _mlp_residual(self, x: jax.Array) -> jax.Array:
         x = constrain(x, ("batch", "seq", "embed"))
         x = x + self.mlp(self.mlp_norm(x))
         return constrain(x, ("batch", "seq", "embed"))

@@ -1,11 +1,10 @@
 """SCONE: the backbone plus the f-gram model, combined at the input layer (SCONE.md section 3).
 
-The f-gram model runs on buffers of f-grams, one per length ([C_n, n] tokens, no padding);
-each position points into the buffers' rows concatenated with `fgram_index` (-1 = no
-match). With deduplication each distinct f-gram of the batch is one row and the gather below
-scatters the outputs back (its transpose sums the gradients of every position sharing a
-row); without it, every matched position has its own row. Both give the same loss and
-gradients.
+The f-gram model runs once per node of the batch's prefix forest (`fgram_nodes` tokens,
+`fgram_paths`; see data/fgram_batches.py) and each position takes the output of the node
+`fgram_index` points at (-1 = no match). The gather's transpose sums the gradients of every
+position sharing a node. With deduplication each distinct prefix is one node; without it every
+matched position has its own chain. Both give the same loss and gradients.
 """
 
 from __future__ import annotations
@@ -31,18 +30,18 @@ class SconeModel(nnx.Module):
         table = self.backbone.embed_table[...]
         return self.fgram(jnp.take(table, jnp.maximum(fgram_tokens, 0), axis=0), fgram_lengths)
 
-    def input_embeddings(self, tokens, fgram_index, fgram_groups) -> jax.Array:
+    def input_embeddings(self, tokens, fgram_index, fgram_nodes, fgram_paths) -> jax.Array:
         """T(s_i), with the f-gram embedding replacing or added to it where a match exists."""
         x = self.backbone.embed(tokens)
-        rows = jnp.concatenate([
-            self.fgram_embeddings(group, jnp.full(group.shape[:1], group.shape[1], jnp.int32))
-            for group in fgram_groups], axis=0).astype(x.dtype)
+        table = self.backbone.embed_table[...]
+        outputs = self.fgram.forest(jnp.take(table, fgram_nodes, axis=0), fgram_paths).astype(x.dtype)
+        rows = outputs.reshape(-1, outputs.shape[-1])
         matched = (fgram_index >= 0)[..., None]
         gathered = constrain(jnp.take(rows, jnp.maximum(fgram_index, 0), axis=0), ("batch", "seq", "embed"))
         if self.combine == "replace":
             return jnp.where(matched, gathered, x)
         return x + jnp.where(matched, gathered, jnp.zeros_like(gathered))
 
-    def __call__(self, tokens, fgram_index, fgram_groups) -> jax.Array:
-        x = self.input_embeddings(tokens, fgram_index, fgram_groups)
+    def __call__(self, tokens, fgram_index, fgram_nodes, fgram_paths) -> jax.Array:
+        x = self.input_embeddings(tokens, fgram_index, fgram_nodes, fgram_paths)
         return self.backbone.logits(self.backbone.hidden(x))

@@ -17,9 +17,8 @@ from scone_jax.data.dataset import TokenizedDataset
 from scone_jax.data.fgram_batches import (
     FgramInputs,
     global_fgram_index,
-    group_key,
     load_or_build_fgram_set,
-    pad_rows,
+    pad_slots,
     prepare_fgram_inputs,
 )
 from scone_jax.data.pipeline import (
@@ -34,12 +33,12 @@ from scone_jax.dist.distributed import barrier
 from scone_jax.dist.mesh import make_mesh
 from scone_jax.dist.rules import MeshAxes, make_rules
 from scone_jax.errors import UserError
-from scone_jax.metrics.flops import ModelFlops, fgram_forward_per_row, model_flops
+from scone_jax.metrics.flops import ModelFlops, fgram_forward_per_node, model_flops
 from scone_jax.model import Transformer
 from scone_jax.model.scone import SconeModel
 from scone_jax.train.optimizer import make_optimizer
 from scone_jax.train.state import TrainSetup, setup_train_state
-from scone_jax.train.step import batch_shardings, make_eval_step, make_train_step
+from scone_jax.train.step import batch_shardings, fgram_groups, make_eval_step, make_train_step
 
 CALIBRATION_BATCHES = 8
 
@@ -64,18 +63,17 @@ class Session:
     def to_global(self, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         """Process-local rows -> global arrays sharded over the data axes.
 
-        With several processes, every host's f-gram buffer is padded to the largest one (all
+        With several processes, every host's node buffer is padded to the largest one (all
         must agree on shapes), and positions point into their own host's slice of it.
         """
         if "fgram_index" in local_batch and jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
-            lengths = range(2, self.cfg.fgrams.max_n + 1)
-            have = np.array([local_batch[group_key(n)].shape[0] for n in lengths], np.int64)
-            most = np.max(multihost_utils.process_allgather(have), axis=0)
-            local_batch = pad_rows(local_batch, dict(zip(lengths, most.tolist(), strict=True)))
+            have = np.array(local_batch["fgram_nodes"].shape[1], np.int64)
+            most = int(np.max(multihost_utils.process_allgather(have)))
+            local_batch = pad_slots(local_batch, most)
             local_batch = {**local_batch, "fgram_index": global_fgram_index(
-                local_batch["fgram_index"], most, jax.process_index(), jax.process_count())}
+                local_batch["fgram_index"], local_batch["fgram_nodes"].size, jax.process_index())}
         return {k: jax.make_array_from_process_local_data(sh, np.asarray(local_batch[k]))
                 for k, sh in self.batch_sharding.items()}
 
@@ -89,13 +87,12 @@ class Session:
         return info
 
     def flops_per_step(self, batch: dict[str, np.ndarray] | None = None) -> float:
-        """Training FLOPs of one step; the f-gram model counts on the buffer rows computed."""
+        """Training FLOPs of one step; the f-gram model counts on the node slots computed."""
         tokens = self.cfg.train.batch_size * self.cfg.data.seq_len
         flops = self.flops.train_per_token * tokens
         if self.fgrams is not None and batch is not None:
-            for n in range(2, self.cfg.fgrams.max_n + 1):
-                rows = batch[group_key(n)].shape[0] * jax.process_count()
-                flops += 3 * fgram_forward_per_row(self.cfg.fgrams, self.cfg.model, n) * rows
+            slots = batch["fgram_nodes"].size * jax.process_count()
+            flops += 3 * fgram_forward_per_node(self.cfg.fgrams, self.cfg.model) * slots
         return flops
 
     def train_step(self):
@@ -169,7 +166,7 @@ def open_session(cfg: Config, run_dir: Path, extra_eval: list[str] | None = None
         fgrams = prepare_fgram_inputs(  # every process tags its share of the dataset
             cfg.fgrams, dataset, train_ids, run_dir,
             positions_per_host=cfg.train.batch_size // jax.process_count() * cfg.data.seq_len,
-            row_multiple=data_parallel, progress=cfg.logging.progress and main_process,
+            groups=max(fgram_groups(mesh, rules) // jax.process_count(), 1), progress=cfg.logging.progress and main_process,
             process_index=jax.process_index(), process_count=jax.process_count(), barrier=barrier)
     stream = BatchStream(WindowSource(dataset, train_ids, cfg.data.seq_len), cfg.train.batch_size,
                          seed=cfg.train.seed, process_index=jax.process_index(),

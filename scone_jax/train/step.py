@@ -11,10 +11,10 @@ from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 
-from scone_jax.data.fgram_batches import group_key
 from scone_jax.dist.rules import MeshAxes, activation_sharding, logical_to_spec, named_sharding
 from scone_jax.train.state import ModelHandle
 
@@ -23,22 +23,27 @@ BATCH_AXES = {"inputs": ("batch", "seq"), "targets": ("batch", "seq")}
 
 def batch_shardings(mesh: Mesh, rules: Mapping[str, MeshAxes], batch_size: int, seq_len: int,
                     max_n: int | None = None):
-    """Shardings of a batch; SCONE batches (`max_n` set) also carry `fgram_index` and one
-    f-gram buffer per length (data/fgram_batches.py), whose rows shard like a batch."""
+    """Shardings of a batch; SCONE batches (`max_n` set) also carry `fgram_index` and the
+    prefix forest's node buffers (data/fgram_batches.py), one group per f-gram data shard."""
     out = {k: named_sharding(v, (batch_size, seq_len), mesh, rules) for k, v in BATCH_AXES.items()}
     if max_n:
         out["fgram_index"] = named_sharding(("batch", "seq"), (batch_size, seq_len), mesh, rules)
-        rows = NamedSharding(mesh, logical_to_spec(("fgram/batch", None), rules))
-        out.update({group_key(n): rows for n in range(2, max_n + 1)})
+        out["fgram_nodes"] = NamedSharding(mesh, logical_to_spec(("fgram/batch", None), rules))
+        out["fgram_paths"] = NamedSharding(mesh, logical_to_spec(("fgram/batch", None, None), rules))
     return out
+
+
+def fgram_groups(mesh: Mesh, rules: Mapping[str, MeshAxes]) -> int:
+    """How many data shards the f-gram model's batch has: one node group each."""
+    entry = logical_to_spec(("fgram/batch",), rules)[0]
+    axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
+    return int(np.prod([mesh.shape[a] for a in axes]))
 
 
 def model_inputs(batch) -> dict:
     if "fgram_index" not in batch:
         return {}
-    groups = tuple(batch[k] for k in sorted((k for k in batch if k.startswith("fgram_tokens_")),
-                                            key=lambda k: int(k.rsplit("_", 1)[1])))
-    return {"fgram_index": batch["fgram_index"], "fgram_groups": groups}
+    return {k: batch[k] for k in ("fgram_index", "fgram_nodes", "fgram_paths")}
 
 
 def token_losses(handle: ModelHandle, params, batch) -> jax.Array:

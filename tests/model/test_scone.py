@@ -1,4 +1,5 @@
-"""The SCONE combination: dedup == plain, no matches == baseline, F ignores the context."""
+"""The SCONE combination: dedup == plain, the prefix forest == F on each f-gram alone, no matches ==
+baseline, F ignores the context."""
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +9,7 @@ import pytest
 from flax import nnx
 
 from scone_jax.config import FgramConfig, ModelConfig
-from scone_jax.data.fgram_batches import FgramBatcher
+from scone_jax.data.fgram_batches import FgramBatcher, assign_groups, pad_slots, prefix_forest
 from scone_jax.model import Transformer
 from scone_jax.model.scone import SconeModel
 from scone_jax.train.step import model_inputs
@@ -20,11 +21,12 @@ BACKBONE = {
 }
 
 
-def random_fgram_set(rng, size):
+def random_fgram_set(rng, size, vocab=VOCAB):
+    """Random f-grams over a small vocabulary, so that many share prefixes."""
     lengths = rng.integers(2, K + 1, size)
     tokens = np.full((size, K), -1, np.int64)
     for i, n in enumerate(lengths):
-        tokens[i, :n] = rng.integers(0, VOCAB, n)
+        tokens[i, :n] = rng.integers(0, vocab, n)
     return tokens, lengths
 
 
@@ -49,27 +51,82 @@ def loss_and_grads(model, batch):
     return jax.jit(jax.value_and_grad(loss))(params)
 
 
-@pytest.mark.parametrize("family, combine, capacity", [  # capacity 4 < f-grams per length: overflow
-    ("gpt2", "replace", 512), ("gpt2", "add", 4), ("llama", "replace", 4), ("llama", "add", 512)])
-def test_dedup_and_plain_give_the_same_loss_and_gradients(family, combine, capacity, rng):
+@pytest.mark.parametrize("family, combine, capacity, groups", [  # capacity 4 < nodes per group: overflow
+    ("gpt2", "replace", 512, 1), ("gpt2", "add", 4, 3), ("llama", "replace", 4, 1), ("llama", "add", 512, 2)])
+def test_dedup_and_plain_give_the_same_loss_and_gradients(family, combine, capacity, groups, rng):
     fcfg = FgramConfig(enabled=True, max_n=K, combine=combine, d_model=24 if family == "gpt2" else 0)
     model = SconeModel(BACKBONE[family], fcfg, VOCAB, rngs=nnx.Rngs(int(rng.integers(1 << 30))))
-    set_tokens, set_lengths = random_fgram_set(rng, 30)
+    set_tokens, set_lengths = random_fgram_set(rng, 30, vocab=6)
     batch, tag_ids, tag_lengths = random_batch(rng, 4, 500, 30)
-    caps = {n: capacity for n in range(2, K + 1)}
-    dedup = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, granule=4, capacity=caps)(batch)
-    plain = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, granule=4, capacity=caps,
-                         dedup=False)(batch)
-    assert len(np.unique(dedup["fgram_index"])) < len(np.unique(plain["fgram_index"]))  # fewer rows
+    dedup = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, granule=4, capacity=capacity,
+                         groups=groups)(batch)
+    plain = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, granule=4, capacity=capacity,
+                         groups=groups, dedup=False)(batch)
+    matched_ids = np.unique(dedup["fgram_ids"][dedup["fgram_ids"] >= 0])
+    assert dedup["fgram_stats"]["fgram_nodes"] < set_lengths[matched_ids].sum()  # prefixes were shared
+    assert plain["fgram_stats"]["fgram_nodes"] == set_lengths[plain["fgram_ids"][plain["fgram_ids"] >= 0]].sum()
     assert (dedup["fgram_stats"]["fgram_overflow"] > 0) == (capacity == 4)
-    for n in range(2, K + 1):  # no padding to K: each length has its own buffer
-        assert dedup[f"fgram_tokens_{n}"].shape[1] == n
+    assert dedup["fgram_nodes"].shape[0] == groups
     (la, ga), (lb, gb) = loss_and_grads(model, dedup), loss_and_grads(model, plain)
     np.testing.assert_allclose(la, lb, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     fgram_grads = jax.tree.leaves(ga["fgram"])
     assert any(np.abs(np.asarray(g)).max() > 0 for g in fgram_grads)  # the f-gram path is trained
+    # a host padding its buffer to another host's size (pad_slots) computes the same loss
+    padded = pad_slots(dedup, dedup["fgram_nodes"].shape[1] + 8)
+    np.testing.assert_allclose(loss_and_grads(model, padded)[0], la, rtol=1e-6)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 5])
+def test_prefix_forest_has_one_node_per_distinct_prefix(groups, rng):
+    """Against a brute-force trie: node strings are exactly the distinct prefixes, each row's node
+    spells the row, paths are the node's ancestors, and no path leaves its group."""
+    set_tokens, set_lengths = random_fgram_set(rng, int(rng.integers(1, 200)), vocab=int(rng.integers(2, 12)))
+    forest = prefix_forest(set_tokens, set_lengths, share_prefixes=True)
+    spelled = [tuple(forest.tokens[p[p >= 0]]) for p in forest.paths]
+    expected = {tuple(row[:m]) for row, n in zip(set_tokens.tolist(), set_lengths) for m in range(1, n + 1)}
+    assert len(spelled) == len(set(spelled)) and set(spelled) == expected
+    for row, n, node in zip(set_tokens, set_lengths, forest.node_of_row):
+        assert spelled[node] == tuple(row[:n])
+    depth = (forest.paths >= 0).sum(1) - 1
+    for node, path in enumerate(forest.paths):  # each ancestor spells the node's prefix of its depth
+        assert path[depth[node]] == node
+        assert all(spelled[path[m]] == spelled[node][:m + 1] for m in range(depth[node]))
+    batcher = FgramBatcher(np.arange(len(set_tokens)), set_lengths, set_tokens, set_lengths, granule=1,
+                           groups=groups)
+    out = batcher({"positions": np.arange(len(set_tokens))[None]})
+    paths, nodes = out["fgram_paths"], out["fgram_nodes"]
+    slots = paths.shape[1]
+    for g in range(groups):
+        for c in range(slots):
+            path = paths[g, c][paths[g, c] >= 0]
+            assert path[-1] == c and np.all(path < slots)  # local to group g
+    for i, slot in enumerate(out["fgram_index"][0]):  # each position's node spells its f-gram
+        g, c = divmod(int(slot), slots)
+        path = paths[g, c][paths[g, c] >= 0]
+        assert nodes[g, path].tolist() == set_tokens[i, :set_lengths[i]].tolist()
+    roots = forest.paths[:, 0]
+    group = assign_groups(roots, groups)
+    assert all(len(set(group[roots == r])) == 1 for r in np.unique(roots))  # whole tries per group
+    sizes = np.bincount(group, minlength=groups)
+    assert sizes.max() - sizes.min() <= np.bincount(roots).max()  # balanced up to one trie
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_forest_equals_the_fgram_model_on_each_fgram_alone(family, rng):
+    """What training computes (the forest) equals what export computes (each f-gram padded to K)."""
+    fcfg = FgramConfig(enabled=True, max_n=K, d_model=24 if family == "gpt2" else 0)
+    model = SconeModel(BACKBONE[family], fcfg, VOCAB, rngs=nnx.Rngs(int(rng.integers(1 << 30))))
+    set_tokens, set_lengths = random_fgram_set(rng, 60, vocab=5)
+    out = FgramBatcher(np.arange(60), set_lengths, set_tokens, set_lengths, granule=8, groups=2)(
+        {"positions": np.arange(60)[None]})
+    table = model.backbone.embed_table[...]
+    forest = model.fgram.forest(jnp.take(table, jnp.asarray(out["fgram_nodes"]), axis=0),
+                                jnp.asarray(out["fgram_paths"]))
+    rows = np.asarray(forest).reshape(-1, forest.shape[-1])[out["fgram_index"][0]]
+    alone = model.fgram_embeddings(jnp.asarray(set_tokens, jnp.int32), jnp.asarray(set_lengths, jnp.int32))
+    np.testing.assert_allclose(rows, np.asarray(alone), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -100,13 +157,14 @@ def test_fgram_embedding_does_not_depend_on_the_window(rng):
     tokens_b = rng.integers(0, VOCAB, (1, T)).astype(np.int32)
     index_a = np.full((1, T), -1, np.int32)
     index_b = index_a.copy()
-    index_a[0, 3], index_b[0, 11] = 0, 0
-    groups = (jnp.asarray(fgram[:, :3], jnp.int32),)  # one buffer: length 3
-    ea = model.input_embeddings(jnp.asarray(tokens_a), jnp.asarray(index_a), groups)
-    eb = model.input_embeddings(jnp.asarray(tokens_b), jnp.asarray(index_b), groups)
+    forest = prefix_forest(fgram, np.array([3]), share_prefixes=True)  # nodes 5, 5 9, 5 9 2
+    index_a[0, 3] = index_b[0, 11] = forest.node_of_row[0]
+    nodes, paths = jnp.asarray(forest.tokens[None], jnp.int32), jnp.asarray(forest.paths[None], jnp.int32)
+    ea = model.input_embeddings(jnp.asarray(tokens_a), jnp.asarray(index_a), nodes, paths)
+    eb = model.input_embeddings(jnp.asarray(tokens_b), jnp.asarray(index_b), nodes, paths)
     np.testing.assert_array_equal(np.asarray(ea[0, 3]), np.asarray(eb[0, 11]))
     # right padding beyond the f-gram's length (the export's K-wide form) does not matter either
     lengths = jnp.asarray([3], jnp.int32)
     for pad in ([5, 9, 2, 0], [5, 9, 2, 17]):
         np.testing.assert_allclose(np.asarray(model.fgram_embeddings(jnp.asarray([pad], jnp.int32), lengths)),
-                                   np.asarray(ea[0, 3:4]), rtol=1e-6)
+                                   np.asarray(ea[0, 3:4]), rtol=1e-5, atol=1e-6)
