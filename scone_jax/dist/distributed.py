@@ -262,7 +262,7 @@ class Watchdog:
         except Exception:  # noqa: BLE001
             pass
         print(f"scone-jax: {verdict}; stopping process {self.process_id}. Rerun the job to resume "
-              f"from the last checkpoint.", file=sys.stderr, flush=True)
+              f"(training from its last checkpoint, an export from its finished rows).", file=sys.stderr, flush=True)
         os._exit(PEER_LOST_EXIT_CODE)
 
     def report_failure(self, exc: BaseException) -> None:

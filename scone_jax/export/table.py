@@ -111,8 +111,10 @@ def read_progress(work: Location, header: dict) -> dict[tuple[int, int], str]:
     for key in progress_keys(work):
         state = read_json(work, key)
         if state["header"] != header:
-            raise UserError(f"an unfinished export at {work.url} is of something else (another checkpoint, dtype "
-                            "or f-gram set); remove it to start over")
+            changed = sorted(k for k in header if state["header"].get(k) != header[k])
+            raise UserError(f"an unfinished export at {work.url} has another {', '.join(changed)} (checkpoint, "
+                            "dtype, f-gram set or layout); rerun with the same options to resume, or remove it "
+                            "to start over")
         done.update({(a, b): digest for a, b, digest in state["done"]})
     return done
 
@@ -218,7 +220,7 @@ def export_table(run_dir: str | Path, url: str, dtype: str = "float32", step: in
         "max_n": fgram_set.max_n, "combine": run.cfg.fgrams.combine,
         "tokenizer_sha256": run.info["tokenizer_sha256"], "fgram_set_fingerprint": fgram_set.fingerprint,
         "checkpoint_fingerprint": run.fingerprint, "checkpoint_step": run.step,
-        "range_rows": range_rows,
+        "range_rows": range_rows, "chunk_rows": chunk_rows, "shard_rows": shard_rows,
     }
     work = parse_location(str(final.local_path) + ".partial") if final.local_path else final
     ranges = row_ranges(num_rows, range_rows)

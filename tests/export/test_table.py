@@ -105,6 +105,9 @@ def test_export_killed_midway_resumes_to_the_same_table(run):
         open_table(str(url), "host")  # no reader opens a half-written table
     assert not url.exists()
     done_before = len(json.loads(progress.read_text())["done"])
+    with pytest.raises(UserError, match=r"has another shard_rows .* rerun with the same options"):
+        export_table(run_dir, str(url), progress=False, range_rows=50, batch_rows=64, shard_rows=512)
+    assert len(json.loads(progress.read_text())["done"]) == done_before  # the partial table is kept
     res = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     a = open_table(str(root / "straight"), "host")
