@@ -35,7 +35,6 @@ from scone_jax.fgrams.corpus import Corpus
 from scone_jax.fgrams.store import FgramSet
 from scone_jax.fgrams.tag import tags_for_dataset
 
-NODE_KEYS = ("fgram_nodes", "fgram_paths")  # [G, C] tokens, [G, C, K] ancestor slots
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -96,6 +95,38 @@ def assign_groups(roots: np.ndarray, groups: int) -> np.ndarray:
     return group_of_root[inverse.reshape(-1)]
 
 
+def slots_needed(group: np.ndarray, groups: int) -> int:
+    """Node slots per group for nodes in `group`: the fullest group's count."""
+    return int(np.bincount(group, minlength=groups).max()) if len(group) else 0
+
+
+@dataclass
+class ForestLayout:
+    """A forest in static device buffers: `tokens` [G, C], `paths` [G, C, K] as slots within
+    the group, and `slot` [N], each node's place in the flattened [G * C] buffer."""
+
+    tokens: np.ndarray
+    paths: np.ndarray
+    slot: np.ndarray
+
+
+def forest_layout(forest: PrefixForest, group: np.ndarray, groups: int, slots: int) -> ForestLayout:
+    """Lay out the nodes of each group in `slots` slots (>= `slots_needed`); padding slots are a
+    one-token f-gram of token 0 whose output nobody reads."""
+    k = forest.paths.shape[1]
+    order = np.argsort(group, kind="stable")
+    starts = np.searchsorted(group[order], np.arange(groups))
+    local = np.empty(len(group), np.int64)
+    local[order] = np.arange(len(group)) - starts[group[order]]
+    slot = group * slots + local
+    tokens = np.zeros((groups, slots), np.int32)
+    paths = np.full((groups, slots, k), -1, np.int32)
+    paths[:, :, 0] = np.arange(slots)
+    tokens.reshape(-1)[slot] = forest.tokens
+    paths.reshape(-1, k)[slot] = np.where(forest.paths >= 0, local[np.maximum(forest.paths, 0)], -1)
+    return ForestLayout(tokens, paths, slot)
+
+
 @dataclass
 class FgramBatcher:
     tag_ids: np.ndarray  # [num_tokens] longest-match f-gram id per dataset position, -1 = none
@@ -121,12 +152,9 @@ class FgramBatcher:
         forest = prefix_forest(self.fgram_tokens[rows], self.fgram_lengths[rows], share_prefixes=self.dedup)
         return forest, assign_groups(forest.paths[:, 0], self.groups), row_of_position.reshape(-1)
 
-    def slots_needed(self, group: np.ndarray) -> int:
-        return int(np.bincount(group, minlength=self.groups).max()) if len(group) else 0
-
     def calibrate(self, batches: Iterable[dict[str, np.ndarray]], headroom: float = 1.1) -> None:
         """Set the slots per group from sample batches (the largest seen, plus headroom)."""
-        peak = max((self.slots_needed(self.forest(np.asarray(self.tag_ids[b["positions"]]))[1])
+        peak = max((slots_needed(self.forest(np.asarray(self.tag_ids[b["positions"]]))[1], self.groups)
                     for b in batches), default=0)
         self.capacity = round_up(max(int(peak * headroom), 1), self.granule)
 
@@ -135,23 +163,13 @@ class FgramBatcher:
         ids = np.asarray(self.tag_ids[batch["positions"]], dtype=np.int64)
         matched = ids >= 0
         forest, group, row_of_position = self.forest(ids)
-        need = self.slots_needed(group)
-        slots = max(self.capacity, round_up(max(need, 1), self.granule))
-        order = np.argsort(group, kind="stable")
-        starts = np.searchsorted(group[order], np.arange(self.groups))
-        local = np.empty(len(group), np.int64)
-        local[order] = np.arange(len(group)) - starts[group[order]]
-        slot = group * slots + local  # each node's slot in the flattened [G * C] buffer
-        node_tokens = np.zeros((self.groups, slots), np.int32)
-        paths = np.full((self.groups, slots, self.max_n), -1, np.int32)
-        paths[:, :, 0] = np.arange(slots)  # padding slots: a one-token f-gram, never read
-        node_tokens.reshape(-1)[slot] = forest.tokens
-        paths.reshape(-1, self.max_n)[slot] = np.where(forest.paths >= 0, local[np.maximum(forest.paths, 0)], -1)
+        need = slots_needed(group, self.groups)
+        layout = forest_layout(forest, group, self.groups, max(self.capacity, round_up(max(need, 1), self.granule)))
         index = np.full(ids.shape, -1, np.int32)
-        index[matched] = slot[forest.node_of_row[row_of_position]]
+        index[matched] = layout.slot[forest.node_of_row[row_of_position]]
         n_matched = int(matched.sum())
         out = dict(batch)
-        out.update(fgram_index=index, fgram_nodes=node_tokens, fgram_paths=paths)
+        out.update(fgram_index=index, fgram_nodes=layout.tokens, fgram_paths=layout.paths)
         out["fgram_ids"] = ids.astype(np.int32)  # host-side only: what serving looks up
         out["fgram_stats"] = {
             "match_rate": n_matched / ids.size,
@@ -159,7 +177,7 @@ class FgramBatcher:
             "mean_match_length": float(np.asarray(self.tag_lengths[batch["positions"]])[matched].mean())
             if n_matched else 0.0,
             "fgram_nodes": len(forest.tokens),
-            "fgram_positions": int(node_tokens.size),
+            "fgram_positions": int(layout.tokens.size),
             "fgram_overflow": int(need > self.capacity),
         }
         return out

@@ -1,8 +1,9 @@
 """`scone-jax export`: run the f-gram model over every f-gram and write the [S, d] table.
 
-F-grams are processed in row ranges (the unit of resumption); inside a range they are grouped
-by length, so each batch is [N, n] with no padding to K. Batches are sharded over the data
-axes of the mesh. In replace mode the stored row is F(w) - T(last token of w), so the input
+F-grams are processed in row ranges (the unit of resumption); inside a range they are taken in
+lexicographic order, `batch_rows` at a time, as a prefix forest (data/fgram_batches.py), so a
+prefix shared by many f-grams is computed once, as in training. Forests are sharded over the
+data axes of the mesh. In replace mode the stored row is F(w) - T(last token of w), so the input
 layer at inference is the same lookup-and-add in both modes (SCONE.md section 3).
 
 In a multi-process job each process restores the checkpoint onto its own devices, computes and
@@ -28,6 +29,13 @@ from tqdm import tqdm
 
 from scone_jax.atomic import replace_dir, storage_errors
 from scone_jax.checksums import MANIFEST, manifest
+from scone_jax.data.fgram_batches import (
+    assign_groups,
+    forest_layout,
+    prefix_forest,
+    round_up,
+    slots_needed,
+)
 from scone_jax.dist.distributed import barrier
 from scone_jax.dist.rules import activation_sharding, logical_to_spec
 from scone_jax.errors import UserError
@@ -53,39 +61,49 @@ from scone_jax.export.table_store import (
 )
 from scone_jax.fgrams.store import FILES as FGRAM_SET_FILES
 from scone_jax.fgrams.store import FgramSet
+from scone_jax.train.step import fgram_groups, node_shardings
 
 
 def fgram_rows_fn(run: RunParams, combine: str):
-    """jit: (params, tokens [N, n], lengths [N]) -> the table rows [N, d] in float32."""
+    """jit: (params, node tokens [G, C], paths [G, C, K], row slots [R], last tokens [R]) -> the
+    table rows [R] x d in float32, from one prefix forest of f-grams."""
     handle, mesh, rules = run.handle, run.mesh, run.rules
 
-    def rows(params, tokens, lengths):
+    def rows(params, node_tokens, paths, row_slots, last_tokens):
         with activation_sharding(mesh, rules):
             model = handle.merge(params)
-            out = model.fgram_embeddings(tokens, lengths).astype(jnp.float32)
+            table = model.backbone.embed_table[...]
+            nodes = model.fgram.forest(jnp.take(table, node_tokens, axis=0), paths)
+            out = jnp.take(nodes.reshape(-1, nodes.shape[-1]), row_slots, axis=0).astype(jnp.float32)
             if combine == "replace":
-                last = jnp.take_along_axis(tokens, (lengths - 1)[:, None], axis=1)[:, 0]
-                out = out - jnp.take(model.backbone.embed_table[...], last, axis=0).astype(jnp.float32)
+                out = out - jnp.take(table, last_tokens, axis=0).astype(jnp.float32)
         return out
 
     return jax.jit(rows)
 
 
-def compute_range(fn, params, fgram_set: FgramSet, a: int, b: int, batch_rows: int, sharding) -> np.ndarray:
-    lengths = np.asarray(fgram_set.lengths[a:b])
+def compute_range(fn, params, fgram_set: FgramSet, a: int, b: int, batch_rows: int, groups: int,
+                  shardings) -> np.ndarray:
+    """The rows of f-grams a..b-1, `batch_rows` at a time in lexicographic order, so that f-grams
+    sharing a prefix meet in one forest and the prefix is computed once."""
+    tokens, lengths = np.asarray(fgram_set.tokens[a:b]), np.asarray(fgram_set.lengths[a:b])
+    order = np.lexsort(tokens.T[::-1])
+    granule = round_up(max(batch_rows // (4 * groups), 1), 8)
     out = None
-    for n in np.unique(lengths):
-        idx = np.flatnonzero(lengths == n)
-        for c in range(0, len(idx), batch_rows):
-            part = idx[c:c + batch_rows]
-            tokens = np.zeros((batch_rows, int(n)), np.int32)
-            tokens[:len(part)] = fgram_set.tokens[a + part, :n]
-            lens = np.full(batch_rows, n, np.int32)
-            rows = np.asarray(jax.device_get(fn(params, jax.device_put(tokens, sharding[0]),
-                                                jax.device_put(lens, sharding[1]))))
-            if out is None:
-                out = np.empty((b - a, rows.shape[1]), np.float32)
-            out[part] = rows[:len(part)]
+    for c in range(0, len(order), batch_rows):
+        part = order[c:c + batch_rows]
+        forest = prefix_forest(tokens[part], lengths[part], share_prefixes=True)
+        group = assign_groups(forest.paths[:, 0], groups)
+        layout = forest_layout(forest, group, groups, round_up(slots_needed(group, groups), granule))
+        row_slots = np.zeros(batch_rows, np.int32)
+        row_slots[:len(part)] = layout.slot[forest.node_of_row]
+        last = np.zeros(batch_rows, np.int32)
+        last[:len(part)] = tokens[part, lengths[part] - 1]
+        rows = np.asarray(jax.device_get(fn(params, *(jax.device_put(x, sh) for x, sh in zip(
+            (layout.tokens, layout.paths, row_slots, last), shardings, strict=True)))))
+        if out is None:
+            out = np.empty((b - a, rows.shape[1]), np.float32)
+        out[part] = rows[:len(part)]
     return out
 
 
@@ -232,14 +250,16 @@ def export_table(run_dir: str | Path, url: str, dtype: str = "float32", step: in
         done = read_progress(work, header)
         state = read_json(work, progress_key(pid)) or {"header": header, "done": []}
         arrays = create_arrays(work, num_rows, width, dtype, chunk_rows, shard_rows)  # or opens them
-        spec = logical_to_spec(("fgram/batch",), run.rules)
-        shardings = (NamedSharding(run.mesh, jax.sharding.PartitionSpec(spec[0], None)), NamedSharding(run.mesh, spec))
+        rows_sharding = NamedSharding(run.mesh, logical_to_spec(("fgram/batch",), run.rules))
+        nodes_sharding = node_shardings(run.mesh, run.rules)
+        shardings = nodes_sharding["fgram_nodes"], nodes_sharding["fgram_paths"], rows_sharding, rows_sharding
+        groups = fgram_groups(run.mesh, run.rules)
         fn = fgram_rows_fn(run, run.cfg.fgrams.combine)
         start = time.perf_counter()
         bar = tqdm(total=sum(b - a for a, b in mine), initial=sum(b - a for a, b in mine if (a, b) in done),
                    desc="export", unit="row", file=sys.stderr, disable=not progress or pid != 0, dynamic_ncols=True)
         write_ranges([r for r in mine if r not in done],
-                     lambda a, b: compute_range(fn, run.params, fgram_set, a, b, batch_rows, shardings),
+                     lambda a, b: compute_range(fn, run.params, fgram_set, a, b, batch_rows, groups, shardings),
                      arrays, dtype, work, state, bar)
         bar.close()
         barrier("export-rows-written")

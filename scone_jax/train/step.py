@@ -28,9 +28,14 @@ def batch_shardings(mesh: Mesh, rules: Mapping[str, MeshAxes], batch_size: int, 
     out = {k: named_sharding(v, (batch_size, seq_len), mesh, rules) for k, v in BATCH_AXES.items()}
     if max_n:
         out["fgram_index"] = named_sharding(("batch", "seq"), (batch_size, seq_len), mesh, rules)
-        out["fgram_nodes"] = NamedSharding(mesh, logical_to_spec(("fgram/batch", None), rules))
-        out["fgram_paths"] = NamedSharding(mesh, logical_to_spec(("fgram/batch", None, None), rules))
+        out.update(node_shardings(mesh, rules))
     return out
+
+
+def node_shardings(mesh: Mesh, rules: Mapping[str, MeshAxes]) -> dict[str, NamedSharding]:
+    """The prefix forest's buffers ([G, C] tokens, [G, C, K] paths): groups over the data shards."""
+    return {"fgram_nodes": NamedSharding(mesh, logical_to_spec(("fgram/batch", None), rules)),
+            "fgram_paths": NamedSharding(mesh, logical_to_spec(("fgram/batch", None, None), rules))}
 
 
 def fgram_groups(mesh: Mesh, rules: Mapping[str, MeshAxes]) -> int:
