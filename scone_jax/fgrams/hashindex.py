@@ -4,7 +4,10 @@ Counting and tagging map millions of exact n-gram codes to ids per pass. A sorte
 plus `np.searchsorted` costs ~log2(n) dependent cache misses per query; this table costs
 about one (load factor <= 1/2, linear probing, Fibonacci hashing). Build and lookups are whole-array numpy
 operations (a few probing rounds, each on the shrinking set of queries still unresolved),
-never a Python loop per key.
+never a Python loop per key. Queries follow a Zipf law, so keys are placed in the order
+given: callers pass the most frequent first, and those sit in their home slot, where a
+query costs one gather and no probing round; a per-slot spill flag stops most queries for
+absent keys there too.
 """
 
 from __future__ import annotations
@@ -38,26 +41,37 @@ class HashIndex:
         self._shift = np.uint64(64 - self.bits)
         self._mask = size - 1
         self.keys = np.full(size, EMPTY, np.uint64)
-        self.vals = np.full(size, -1, np.int64)
         self.size = n
-        # Every round, pending keys whose current slot is free claim it (last writer wins);
-        # the winners stay, everyone else probes the next slot.
-        idx = np.arange(n, dtype=np.int64)
+        # Keys go in by home slot (a stable radix sort on its top 16 bits, which keeps the
+        # given order among keys that share a home), so the table is written nearly in order.
         slot = self._slot(keys)
+        by_home = np.argsort((slot >> max(0, self.bits - 16)).astype(np.uint16), kind="stable")
+        keys, values, slot = keys[by_home], values[by_home], slot[by_home]
+        # Every round, pending keys whose current slot is free claim it; the winners stay,
+        # everyone else probes the next slot. Claims are written in reverse so that the
+        # earliest key wins (numpy applies repeated indices in order; correctness does not
+        # depend on it, as winners are read back).
+        claim = np.full(size, -1, np.int32 if n < 2**31 else np.int64)
+        idx = np.arange(n, dtype=claim.dtype)
         while idx.size:
-            free = self.vals[slot] < 0
+            free = claim[slot] < 0
             fidx, fslot = idx[free], slot[free]
-            self.vals[fslot] = fidx
-            won = self.vals[fslot] == fidx
+            claim[fslot[::-1]] = fidx[::-1]
+            won = claim[fslot] == fidx
             self.keys[fslot[won]] = keys[fidx[won]]
             stay = np.ones(len(idx), bool)
             stay[np.flatnonzero(free)[won]] = False
             idx = idx[stay]
             slot = (slot[stay] + 1) & self._mask
-        occupied = self.vals >= 0
-        self.vals[occupied] = values[self.vals[occupied]]
-        if n == 0 or values.max() < 2**31 - 1:
-            self.vals = self.vals.astype(np.int32)
+        occupied = np.flatnonzero(claim >= 0)
+        # spill[s]: a key whose home slot is s lives further on, so a lookup that misses at s
+        # must keep probing; without it, a query whose home holds another key (as many as
+        # the load factor of the absent ones) would walk to the end of the cluster.
+        home = self._slot(self.keys[occupied])
+        self.spill = np.zeros(size, bool)
+        self.spill[home[home != occupied]] = True
+        self.vals = claim.astype(np.int32 if n == 0 or values.max() < 2**31 - 1 else np.int64, copy=False)
+        self.vals[occupied] = values[claim[occupied]]
 
     def _slot(self, q: np.ndarray) -> np.ndarray:
         s = q * _FIB
@@ -66,18 +80,20 @@ class HashIndex:
 
     def slots(self, queries: np.ndarray) -> np.ndarray:
         q = np.ascontiguousarray(queries, dtype=np.uint64)
-        slot = self._slot(q)
-        tk = self.keys[slot]
-        eq = tk == q
-        out = np.where(eq, slot, -1)
-        probe = np.flatnonzero((tk != EMPTY) & ~eq)  # occupied by another key: keep probing
+        out = self._slot(q)
+        tk = self.keys.take(out)
+        miss = np.flatnonzero(tk != q)  # few: most queries hit their home slot
+        slot = out[miss]
+        out[miss] = -1
+        go = self.spill.take(slot)
+        probe, slot = miss[go], slot[go]
         while probe.size:
-            s = (slot[probe] + 1) & self._mask
-            slot[probe] = s
-            tk = self.keys[s]
-            eq = tk == q[probe]
-            out[probe[eq]] = s[eq]
-            probe = probe[(tk != EMPTY) & ~eq]
+            slot = (slot + 1) & self._mask
+            tk = self.keys.take(slot)
+            hit = tk == q[probe]
+            out[probe[hit]] = slot[hit]
+            busy = ~hit & (tk != EMPTY)
+            probe, slot = probe[busy], slot[busy]
         return out
 
     def get(self, queries: np.ndarray) -> np.ndarray:
@@ -108,4 +124,4 @@ class HashIndex:
 
     @property
     def nbytes(self) -> int:
-        return self.keys.nbytes + self.vals.nbytes
+        return self.keys.nbytes + self.vals.nbytes + self.spill.nbytes

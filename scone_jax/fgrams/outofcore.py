@@ -29,6 +29,13 @@ MIN_CHUNK, MAX_CHUNK = 1 << 12, 1 << 20
 MIN_SURVIVOR_BYTES = 64 << 20
 # open partition files at once; beyond this, partitions are counted in pieces and merged
 MAX_PARTITIONS = 256
+# Bytes per key while one partition is counted: the keys, the radix sort's permuted copy,
+# its 64-bit permutation and numpy's scratch for it (count._sorted), with some margin.
+SORT_BYTES_PER_KEY = 28
+# Partitions of about this many keys count fastest: their radix passes stay in cache, and
+# there are few enough that the per-partition Python work stays small. On disk, where every
+# chunk writes a piece to each partition's file, they are 4x bigger (fewer, larger writes).
+SORT_KEYS = 1 << 17
 
 
 def parse_size(text: str | int) -> int:
@@ -64,8 +71,8 @@ class Plan:
 
     @property
     def partition_limit(self) -> int:
-        """Keys one worker may hold while counting a partition (8 bytes + sort scratch each)."""
-        return max(1 << 12, self.budget // (4 * self.workers * 10))
+        """Keys one worker may hold while counting a partition (a quarter of its share of the budget)."""
+        return max(1 << 12, self.budget // (4 * self.workers * SORT_BYTES_PER_KEY))
 
 
 def plan(num_tokens: int, budget: int, workers: int, force_disk: bool = False) -> Plan:
@@ -73,10 +80,11 @@ def plan(num_tokens: int, budget: int, workers: int, force_disk: bool = False) -
     chunk = int(np.clip(budget // (4 * workers * CHUNK_BYTES_PER_TOKEN), MIN_CHUNK, MAX_CHUNK))
     in_ram = RAM_BYTES_PER_TOKEN * num_tokens + workers * chunk * CHUNK_BYTES_PER_TOKEN
     if not force_disk and in_ram <= budget * 0.6:
-        return Plan("memory", workers, chunk, MAX_PARTITIONS, budget)
-    # each partition's keys (8 B) plus sort scratch must fit a quarter of the budget per worker
-    per_partition = max(1, budget // (4 * workers * 10))
-    parts = _pow2(max(2 * workers, -(-num_tokens // per_partition)))
+        parts = _pow2(max(2 * workers, num_tokens // SORT_KEYS))
+        return Plan("memory", workers, chunk, min(parts, MAX_PARTITIONS), budget)
+    # each partition's keys plus sort scratch must fit a quarter of the budget per worker
+    per_partition = max(1, budget // (4 * workers * SORT_BYTES_PER_KEY))
+    parts = _pow2(max(2 * workers, -(-num_tokens // per_partition), num_tokens // (4 * SORT_KEYS)))
     return Plan("disk", workers, chunk, min(parts, MAX_PARTITIONS), budget)
 
 
@@ -88,8 +96,12 @@ def _pow2(x: int) -> int:
 
 
 class MemoryIds:
+    """Ids in one array, left uninitialised: each pass writes every position before the next
+    reads any, so the page faults of first touching it (up to ~1 ns/byte on a VM) fall in
+    the chunk jobs, spread over the workers, instead of in one serial fill here."""
+
     def __init__(self, n: int, dtype=np.int32):
-        self.arr = np.full(n, -1, dtype)
+        self.arr = np.empty(n, dtype)
 
     def write(self, a: int, ids: np.ndarray) -> None:
         self.arr[a:a + len(ids)] = ids

@@ -74,9 +74,10 @@ def test_ngrams_never_cross_documents():
     assert counted == {(2, 1): 1, (1, 2): 1, (2, 1, 2): 1}
 
 
-@pytest.mark.parametrize("vocab_size", [7, 2**24, 2**31])
+@pytest.mark.parametrize("vocab_size", [7, 2**17, 2**24, 2**31])
 def test_code_layouts_agree(rng, vocab_size):
-    """Small codes (uint32, one range), several 2**32 ranges, and plain uint64 hash partitions."""
+    """Small codes (uint32 keys), codes above 2**32 (uint32 keys plus a per-partition base),
+    and plain uint64 keys."""
     docs = [rng.integers(0, 30, int(rng.integers(200, 2000))) for _ in range(6)]
     if vocab_size < 30:
         docs = [d % vocab_size for d in docs]
