@@ -36,7 +36,6 @@ from scone_jax.fgrams.store import FgramSet
 from scone_jax.fgrams.tag import tags_for_dataset
 
 
-
 def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 

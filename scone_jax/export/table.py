@@ -49,6 +49,7 @@ from scone_jax.export.table_store import (
     Location,
     combine_checksums,
     create_array,
+    default_chunk_rows,
     kvstore,
     meta_digest,
     parse_location,
@@ -200,7 +201,7 @@ def commit(work: Location, final: Location, header: dict, fgram_set: FgramSet, r
 
 
 def export_table(run_dir: str | Path, url: str, dtype: str = "float32", step: int | None = None,
-                 batch_rows: int = 1024, range_rows: int = 65536, chunk_rows: int = 256,
+                 batch_rows: int = 1024, range_rows: int = 65536, chunk_rows: int = 0,
                  shard_rows: int = 65536, progress: bool = True, overwrite: bool = False) -> dict:
     """Export the table of run `run_dir` to `url`; resumes an unfinished export of the same checkpoint.
 
@@ -214,7 +215,7 @@ def export_table(run_dir: str | Path, url: str, dtype: str = "float32", step: in
     pid, nproc = jax.process_index(), jax.process_count()
     if dtype not in ROW_DTYPES:
         raise UserError(f"table dtype {dtype!r} (expected one of {ROW_DTYPES})")
-    if shard_rows <= 0 or chunk_rows <= 0 or shard_rows % chunk_rows:
+    if shard_rows <= 0 or chunk_rows < 0 or (chunk_rows and shard_rows % chunk_rows):
         raise UserError(f"shard_rows={shard_rows} (expected a positive multiple of chunk_rows={chunk_rows})")
     final = parse_location(url)
     if nproc > 1 and final.kvstore["driver"] == "memory":
@@ -230,6 +231,7 @@ def export_table(run_dir: str | Path, url: str, dtype: str = "float32", step: in
         raise UserError(f"f-gram set {fgram_set.path} changed since run {run_dir} was trained "
                         f"(fingerprint {fgram_set.fingerprint[:12]}, expected {run.info['fgram_set_fingerprint'][:12]})")
     num_rows, width = len(fgram_set.lengths), run.cfg.model.d_model
+    chunk_rows = chunk_rows or default_chunk_rows(width, dtype, shard_rows)
     rows_per_device = -(-batch_rows // data_parallel(run.mesh))
     run = on_local_devices(run)
     batch_rows = rows_per_device * data_parallel(run.mesh)  # as many rows per device as on the whole mesh

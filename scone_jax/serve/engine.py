@@ -13,7 +13,7 @@ from flax import nnx
 from scone_jax.config.schema import ModelConfig
 from scone_jax.errors import UserError
 from scone_jax.model import Transformer
-from scone_jax.serve.input_layer import TableLookup, add_table_rows
+from scone_jax.serve.input_layer import TableLookup
 from scone_jax.serve.tables import Table, open_table
 
 
@@ -32,23 +32,19 @@ class Engine:
             model = nnx.merge(self.graphdef, params)
             x = model.embed(tokens)
             if lookup is not None:
-                x = add_table_rows(x, prepared["fgram_index"], lookup.rows_on_device(prepared))
+                x = lookup.add_rows(x, prepared)
             return model.logits(model.hidden(x))
 
         def step_fn(params, tokens, prepared, cache, start, first_valid):
             model = nnx.merge(self.graphdef, params)
             x = model.embed(tokens)
             if lookup is not None:
-                x = add_table_rows(x, prepared["fgram_index"], lookup.rows_on_device(prepared))
+                x = lookup.add_rows(x, prepared)
             h, cache = model.hidden_cached(x, cache, start, first_valid)
             return model.logits(h[:, -1:]), cache
 
         self._logits = jax.jit(logits_fn)
         self._step = jax.jit(step_fn, donate_argnums=(3,))
-
-    @property
-    def max_n(self) -> int | None:
-        return self.lookup.table.fgram_set.max_n if self.lookup else None
 
     def prepare(self, fgram_ids: np.ndarray) -> dict:
         return self.lookup.prepare(fgram_ids) if self.lookup else {}

@@ -1,5 +1,5 @@
-"""The SCONE input layer at inference: host-side longest match, a deduplicated row gather from
-the table tier, and one jitted lookup-and-add on the device.
+"""The SCONE input layer at inference: host-side longest match, a (deduplicated) row gather
+from the table tier, and the lookup-and-add inside the model's jitted step.
 
 In both combine modes the exported row is what to add to T(s_i) (in replace mode it holds
 F(w) - T(last token of w)), and unmatched positions add zero (SCONE.md section 3).
@@ -30,7 +30,8 @@ class TableLookup:
 
     Host and disk tiers send the batch's distinct rows ([U, d], U rounded up to `granule`
     so shapes repeat) and an index into them; the device tier sends row ids instead and
-    gathers from its resident table inside jit.
+    gathers from its resident table inside jit. A decode step (`prepare_step`) sends one
+    row per sequence instead, in sequence order.
     """
 
     table: Table
@@ -51,11 +52,32 @@ class TableLookup:
         rows[:len(unique)] = self.table.gather(unique)
         return {"fgram_index": index, "fgram_rows": rows}
 
+    def prepare_step(self, fgram_ids: np.ndarray) -> dict[str, np.ndarray]:
+        """`prepare` for a decode step: int32 ids [B] (-1: no match), one new token per row.
+
+        This runs between two device steps with cold caches, where every numpy call costs
+        several microseconds, so it makes the fewest: no deduplication or padding ([B] is a
+        fixed shape; a repeated row costs a copy, not a fetch) and the index is built in jit.
+        """
+        row_ids = np.maximum(fgram_ids, 0)
+        if isinstance(self.table, DeviceTable):
+            return {"fgram_step_ids": fgram_ids, "fgram_row_ids": row_ids}
+        return {"fgram_step_ids": fgram_ids, "fgram_rows": self.table.gather(row_ids)}
+
     def rows_on_device(self, prepared: dict[str, jax.Array]) -> jax.Array:
         """Inside jit: the [U, d] rows the index points into."""
         if "fgram_row_ids" in prepared:
             return jnp.take(self.table.device_rows, prepared["fgram_row_ids"], axis=0)
         return prepared["fgram_rows"]
+
+    def add_rows(self, x: jax.Array, prepared: dict[str, jax.Array]) -> jax.Array:
+        """Inside jit: x [B, T, d] plus the table's row at each matched position."""
+        if "fgram_step_ids" in prepared:  # a decode step: row b's row is rows[b]
+            ids = prepared["fgram_step_ids"]
+            index = jnp.where(ids >= 0, jnp.arange(ids.shape[0], dtype=jnp.int32), -1)[:, None]
+        else:
+            index = prepared["fgram_index"]
+        return add_table_rows(x, index, self.rows_on_device(prepared))
 
 
 def prefetch_prepared(items: Iterable, prepare: Callable, depth: int = 2) -> Iterator:

@@ -8,6 +8,7 @@ from scone_jax.export.backbone import export_backbone
 from scone_jax.export.table import export_table
 from scone_jax.serve.engine import engine_from_export, engine_from_run
 from scone_jax.serve.generate import Sampling, generate, generate_reference, prompt_fgram_ids
+from scone_jax.serve.tables import TIERS, open_table
 from scone_jax.train.loop import evaluate_run
 from tests.scone_run import train_scone_run
 
@@ -43,6 +44,23 @@ def test_device_host_and_disk_tiers_give_identical_logits(exported, rng):
         logits[tier] = np.asarray(engine.logits(tokens, ids))
     np.testing.assert_array_equal(logits["device"], logits["host"])
     np.testing.assert_array_equal(logits["host"], logits["disk"])
+
+
+def test_every_tier_decodes_the_same_tokens(exported, rng):
+    run_dir, root = exported
+    prompts = [s[: int(rng.integers(3, 12))].tolist() for s in sample_tokens(run_dir, rng)]
+    outs = [generate(engine_from_run(run_dir, str(root / "float32"), tier), prompts, 10) for tier in TIERS]
+    assert outs[0] == outs[1] == outs[2]
+
+
+def test_disk_row_cache_returns_the_stored_rows(exported, rng):
+    _, root = exported
+    host = open_table(str(root / "int8"), "host")
+    disk = open_table(str(root / "int8"), "disk", cache_bytes=64 * 4 * host.width)  # 8 row slots: evictions
+    for _ in range(6):
+        ids = rng.integers(0, min(host.num_rows, 40), 12)
+        ids = np.concatenate([ids, ids[:4]])  # repeats within a call too
+        np.testing.assert_array_equal(disk.gather(ids), host.gather(ids))
 
 
 def test_table_perplexity_equals_the_live_fgram_model(exported, capsys):
