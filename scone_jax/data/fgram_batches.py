@@ -109,6 +109,14 @@ class ForestLayout:
     slot: np.ndarray
 
 
+def empty_buffers(groups: int, slots: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Node buffers of padding slots only: each a one-token f-gram of token 0 (its own path)."""
+    tokens = np.zeros((groups, slots), np.int32)
+    paths = np.full((groups, slots, k), -1, np.int32)
+    paths[:, :, 0] = np.arange(slots)
+    return tokens, paths
+
+
 def forest_layout(forest: PrefixForest, group: np.ndarray, groups: int, slots: int) -> ForestLayout:
     """Lay out the nodes of each group in `slots` slots (>= `slots_needed`); padding slots are a
     one-token f-gram of token 0 whose output nobody reads."""
@@ -118,9 +126,7 @@ def forest_layout(forest: PrefixForest, group: np.ndarray, groups: int, slots: i
     local = np.empty(len(group), np.int64)
     local[order] = np.arange(len(group)) - starts[group[order]]
     slot = group * slots + local
-    tokens = np.zeros((groups, slots), np.int32)
-    paths = np.full((groups, slots, k), -1, np.int32)
-    paths[:, :, 0] = np.arange(slots)
+    tokens, paths = empty_buffers(groups, slots, k)
     tokens.reshape(-1)[slot] = forest.tokens
     paths.reshape(-1, k)[slot] = np.where(forest.paths >= 0, local[np.maximum(forest.paths, 0)], -1)
     return ForestLayout(tokens, paths, slot)
@@ -141,15 +147,16 @@ class FgramBatcher:
     def max_n(self) -> int:
         return self.fgram_tokens.shape[1]
 
-    def forest(self, ids: np.ndarray) -> tuple[PrefixForest, np.ndarray, np.ndarray]:
-        """The batch's forest, each node's group, and each matched position's row of it."""
+    def forest(self, ids: np.ndarray) -> tuple[PrefixForest, np.ndarray, np.ndarray, np.ndarray]:
+        """The batch's forest, each node's group, its rows (f-gram ids) and each matched
+        position's row."""
         matched = ids[ids >= 0]
         if self.dedup:
             rows, row_of_position = np.unique(matched, return_inverse=True)
         else:
             rows, row_of_position = matched, np.arange(len(matched))
         forest = prefix_forest(self.fgram_tokens[rows], self.fgram_lengths[rows], share_prefixes=self.dedup)
-        return forest, assign_groups(forest.paths[:, 0], self.groups), row_of_position.reshape(-1)
+        return forest, assign_groups(forest.paths[:, 0], self.groups), rows, row_of_position.reshape(-1)
 
     def calibrate(self, batches: Iterable[dict[str, np.ndarray]], headroom: float = 1.1) -> None:
         """Set the slots per group from sample batches (the largest seen, plus headroom)."""
@@ -161,7 +168,7 @@ class FgramBatcher:
         """Add `fgram_index` [B, T], the node buffers `fgram_nodes`/`fgram_paths`, and `fgram_stats`."""
         ids = np.asarray(self.tag_ids[batch["positions"]], dtype=np.int64)
         matched = ids >= 0
-        forest, group, row_of_position = self.forest(ids)
+        forest, group, rows, row_of_position = self.forest(ids)
         need = slots_needed(group, self.groups)
         layout = forest_layout(forest, group, self.groups, max(self.capacity, round_up(max(need, 1), self.granule)))
         index = np.full(ids.shape, -1, np.int32)
@@ -172,7 +179,7 @@ class FgramBatcher:
         out["fgram_ids"] = ids.astype(np.int32)  # host-side only: what serving looks up
         out["fgram_stats"] = {
             "match_rate": n_matched / ids.size,
-            "distinct_ratio": len(np.unique(ids[matched])) / n_matched if n_matched else 0.0,
+            "distinct_ratio": (len(rows) if self.dedup else len(np.unique(rows))) / n_matched if n_matched else 0.0,
             "mean_match_length": float(np.asarray(self.tag_lengths[batch["positions"]])[matched].mean())
             if n_matched else 0.0,
             "fgram_nodes": len(forest.tokens),
@@ -188,10 +195,8 @@ def pad_slots(batch: dict[str, np.ndarray], slots: int) -> dict[str, np.ndarray]
     groups, have, k = batch["fgram_paths"].shape
     if have == slots:
         return batch
-    tokens = np.zeros((groups, slots), np.int32)
+    tokens, paths = empty_buffers(groups, slots, k)
     tokens[:, :have] = batch["fgram_nodes"]
-    paths = np.full((groups, slots, k), -1, np.int32)
-    paths[:, :, 0] = np.arange(slots)
     paths[:, :have] = batch["fgram_paths"]
     index = batch["fgram_index"]
     moved = index // have * slots + index % have

@@ -97,13 +97,18 @@ class Attention(nnx.Module):
     def _attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
         """softmax(q k^T / sqrt(d)) v over keys allowed by `mask` [B or 1, Tq, Tk], then the output projection."""
         cfg, dt = self.cfg, q.dtype
-        groups = cfg.n_heads // cfg.kv_heads
-        if groups > 1:
-            k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+        k, v = self._expand_kv(k, v, axis=2)
         scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32) / math.sqrt(cfg.head_dim)
         scores = jnp.where(mask[:, None, :, :], scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
         return self._project_out(jnp.einsum("bhqs,bshk->bqhk", probs, v))
+
+    def _expand_kv(self, k: jax.Array, v: jax.Array, axis: int) -> tuple[jax.Array, jax.Array]:
+        """Grouped-query heads: each key/value head repeated for the query heads that share it."""
+        groups = self.cfg.n_heads // self.cfg.kv_heads
+        if groups > 1:
+            k, v = jnp.repeat(k, groups, axis=axis), jnp.repeat(v, groups, axis=axis)
+        return k, v
 
     def _project_out(self, out: jax.Array) -> jax.Array:
         out = constrain(out, ("batch", "seq", "heads", "head_dim"))
@@ -127,10 +132,7 @@ class Attention(nnx.Module):
         q, k, v = self._qkv(x, depths)
         along_path = jax.vmap(lambda values, slots: values[slots])  # within a group: shard-local
         slots = jnp.maximum(paths, 0)
-        k, v = along_path(k, slots), along_path(v, slots)  # [G, C, K, kv_heads, head_dim]
-        groups = cfg.n_heads // cfg.kv_heads
-        if groups > 1:
-            k, v = jnp.repeat(k, groups, axis=3), jnp.repeat(v, groups, axis=3)
+        k, v = self._expand_kv(along_path(k, slots), along_path(v, slots), axis=3)  # [G, C, K, heads, head_dim]
         scores = jnp.einsum("gchk,gcshk->gchs", q, k).astype(jnp.float32) / math.sqrt(cfg.head_dim)
         scores = jnp.where((paths >= 0)[:, :, None, :], scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)

@@ -163,21 +163,21 @@ class DiskTable(Table):
     skip tensorstore for rows altogether (`ShardReader`: a pread and a crc32c per chunk).
     """
 
-    ROW_CACHE_SHARE = 8  # 1/8 of cache_bytes holds recent float32 rows, the rest tensorstore's chunks
+    ROW_CACHE_SHARE = 8  # through tensorstore: 1/8 of cache_bytes holds recent rows, the rest its chunks
 
     def __init__(self, url: str, cache_bytes: int = 256 << 20):
         loc, meta = read_meta(url)
         super().__init__(url, meta, _load_fgram_set(loc, meta, url))
-        slots = max(int(cache_bytes) // self.ROW_CACHE_SHARE // (4 * self.width), 1)
-        chunk_bytes = max(int(cache_bytes) - slots * 4 * self.width, 0)
-        context = ts.Context(ts.Context.Spec({"cache_pool": {"total_bytes_limit": chunk_bytes}}),
+        row_bytes = int(cache_bytes) // self.ROW_CACHE_SHARE
+        context = ts.Context(ts.Context.Spec({"cache_pool": {"total_bytes_limit": int(cache_bytes) - row_bytes}}),
                              parent=SHARED_CONTEXT)  # the parent keeps memory:// stores visible
         self.rows = open_array(loc, "rows", context)
         if tuple(self.rows.shape) != (meta["num_rows"], meta["width"]):
             raise UserError(f"table {url}: rows have shape {tuple(self.rows.shape)}, meta says "
                             f"({meta['num_rows']}, {meta['width']})")
-        # local tables: rows read with pread, tensorstore's chunk cache unused (see shard_reader.py)
+        # local tables: rows read with pread, so the row cache gets the whole budget (shard_reader.py)
         self.direct = ShardReader.for_array(self.rows, loc.local_path / "rows" if loc.local_path else None)
+        slots = max((int(cache_bytes) if self.direct else row_bytes) // (4 * self.width), 1)
         self.scale = _read(open_array(loc, "scales"), "scales", url) if meta["dtype"] == "int8" else None
         self._slot_ids = np.full(slots, -1, np.int64)  # row id held by each slot (-1: empty)
         self._slot_rows = np.zeros((slots, self.width), np.float32)
