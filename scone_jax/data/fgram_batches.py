@@ -94,19 +94,16 @@ def assign_groups(roots: np.ndarray, groups: int) -> np.ndarray:
     return group_of_root[inverse.reshape(-1)]
 
 
-def slots_needed(group: np.ndarray, groups: int) -> int:
-    """Node slots per group for nodes in `group`: the fullest group's count."""
-    return int(np.bincount(group, minlength=groups).max()) if len(group) else 0
-
-
 @dataclass
 class ForestLayout:
     """A forest in static device buffers: `tokens` [G, C], `paths` [G, C, K] as slots within
-    the group, and `slot` [N], each node's place in the flattened [G * C] buffer."""
+    the group, `slot` [N], each node's place in the flattened [G * C] buffer, and `need`, the
+    fullest group's node count (C is that, rounded up, or more)."""
 
     tokens: np.ndarray
     paths: np.ndarray
     slot: np.ndarray
+    need: int
 
 
 def empty_buffers(groups: int, slots: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -117,9 +114,13 @@ def empty_buffers(groups: int, slots: int, k: int) -> tuple[np.ndarray, np.ndarr
     return tokens, paths
 
 
-def forest_layout(forest: PrefixForest, group: np.ndarray, groups: int, slots: int) -> ForestLayout:
-    """Lay out the nodes of each group in `slots` slots (>= `slots_needed`); padding slots are a
-    one-token f-gram of token 0 whose output nobody reads."""
+def forest_layout(forest: PrefixForest, groups: int, granule: int, min_slots: int = 0) -> ForestLayout:
+    """Deal the forest's tries to `groups` groups and lay each out in C slots: its fullest
+    group's count rounded up to `granule`, and at least `min_slots` (a calibrated capacity).
+    Padding slots are a one-token f-gram of token 0 whose output nobody reads."""
+    group = assign_groups(forest.paths[:, 0], groups)
+    need = int(np.bincount(group, minlength=groups).max()) if len(group) else 0
+    slots = max(min_slots, round_up(max(need, 1), granule))
     k = forest.paths.shape[1]
     order = np.argsort(group, kind="stable")
     starts = np.searchsorted(group[order], np.arange(groups))
@@ -129,7 +130,7 @@ def forest_layout(forest: PrefixForest, group: np.ndarray, groups: int, slots: i
     tokens, paths = empty_buffers(groups, slots, k)
     tokens.reshape(-1)[slot] = forest.tokens
     paths.reshape(-1, k)[slot] = np.where(forest.paths >= 0, local[np.maximum(forest.paths, 0)], -1)
-    return ForestLayout(tokens, paths, slot)
+    return ForestLayout(tokens, paths, slot, need)
 
 
 @dataclass
@@ -147,20 +148,19 @@ class FgramBatcher:
     def max_n(self) -> int:
         return self.fgram_tokens.shape[1]
 
-    def forest(self, ids: np.ndarray) -> tuple[PrefixForest, np.ndarray, np.ndarray, np.ndarray]:
-        """The batch's forest, each node's group, its rows (f-gram ids) and each matched
-        position's row."""
+    def forest(self, ids: np.ndarray) -> tuple[PrefixForest, np.ndarray, np.ndarray]:
+        """The batch's forest, its rows (f-gram ids), and each matched position's row."""
         matched = ids[ids >= 0]
         if self.dedup:
             rows, row_of_position = np.unique(matched, return_inverse=True)
         else:
             rows, row_of_position = matched, np.arange(len(matched))
         forest = prefix_forest(self.fgram_tokens[rows], self.fgram_lengths[rows], share_prefixes=self.dedup)
-        return forest, assign_groups(forest.paths[:, 0], self.groups), rows, row_of_position.reshape(-1)
+        return forest, rows, row_of_position.reshape(-1)
 
     def calibrate(self, batches: Iterable[dict[str, np.ndarray]], headroom: float = 1.1) -> None:
         """Set the slots per group from sample batches (the largest seen, plus headroom)."""
-        peak = max((slots_needed(self.forest(np.asarray(self.tag_ids[b["positions"]]))[1], self.groups)
+        peak = max((forest_layout(self.forest(np.asarray(self.tag_ids[b["positions"]]))[0], self.groups, 1).need
                     for b in batches), default=0)
         self.capacity = round_up(max(int(peak * headroom), 1), self.granule)
 
@@ -168,9 +168,8 @@ class FgramBatcher:
         """Add `fgram_index` [B, T], the node buffers `fgram_nodes`/`fgram_paths`, and `fgram_stats`."""
         ids = np.asarray(self.tag_ids[batch["positions"]], dtype=np.int64)
         matched = ids >= 0
-        forest, group, rows, row_of_position = self.forest(ids)
-        need = slots_needed(group, self.groups)
-        layout = forest_layout(forest, group, self.groups, max(self.capacity, round_up(max(need, 1), self.granule)))
+        forest, rows, row_of_position = self.forest(ids)
+        layout = forest_layout(forest, self.groups, self.granule, self.capacity)
         index = np.full(ids.shape, -1, np.int32)
         index[matched] = layout.slot[forest.node_of_row[row_of_position]]
         n_matched = int(matched.sum())
@@ -184,7 +183,7 @@ class FgramBatcher:
             if n_matched else 0.0,
             "fgram_nodes": len(forest.tokens),
             "fgram_positions": int(layout.tokens.size),
-            "fgram_overflow": int(need > self.capacity),
+            "fgram_overflow": int(layout.need > self.capacity),
         }
         return out
 

@@ -30,11 +30,9 @@ from tqdm import tqdm
 from scone_jax.atomic import replace_dir, storage_errors
 from scone_jax.checksums import MANIFEST, manifest
 from scone_jax.data.fgram_batches import (
-    assign_groups,
     forest_layout,
     prefix_forest,
     round_up,
-    slots_needed,
 )
 from scone_jax.dist.distributed import barrier
 from scone_jax.dist.rules import activation_sharding, logical_to_spec
@@ -94,8 +92,7 @@ def compute_range(fn, params, fgram_set: FgramSet, a: int, b: int, batch_rows: i
     for c in range(0, len(order), batch_rows):
         part = order[c:c + batch_rows]
         forest = prefix_forest(tokens[part], lengths[part], share_prefixes=True)
-        group = assign_groups(forest.paths[:, 0], groups)
-        layout = forest_layout(forest, group, groups, round_up(slots_needed(group, groups), granule))
+        layout = forest_layout(forest, groups, granule)
         row_slots = np.zeros(batch_rows, np.int32)
         row_slots[:len(part)] = layout.slot[forest.node_of_row]
         last = np.zeros(batch_rows, np.int32)
