@@ -104,7 +104,7 @@ def test_a_kill_during_a_table_export_never_exposes_a_partial_table(scone_artifa
 
     def export(dtype: str, out=table, **fault):
         return faulty_cli(["export", str(run), "--out", str(out), "--overwrite", "--dtype", dtype,
-                           "--range-rows", "100", "--batch-rows", "64", "--no-progress"], **fault)
+                           "--range-rows", "100", "--batch-rows", "16", "--no-progress"], **fault)  # slow enough to kill
 
     # killed while computing rows: the old table is untouched and still opens
     proc = export("bfloat16")
@@ -119,7 +119,7 @@ def test_a_kill_during_a_table_export_never_exposes_a_partial_table(scone_artifa
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     TALLY["restarts survived"] += 1
     reference = export_table(run, str(tmp_path / "reference"), dtype="bfloat16", progress=False, range_rows=100,
-                             batch_rows=64)
+                             batch_rows=16)
     assert open_table(str(table), "host").meta["checksum"] == reference["checksum"]
     assert not (tmp_path / "table.partial").exists()
 
