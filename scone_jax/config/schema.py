@@ -88,6 +88,7 @@ class FgramConfig:
     combine: str = "replace"  # replace (the paper) | add
     dedup: bool = True  # compute each distinct f-gram of a batch once
     capacity: int = 0  # f-gram model node slots per data shard before they grow; 0 = calibrate
+    block_size: int = 32  # node slots per attention block of the prefix forest (>= max_n)
 
     def validate(self) -> None:
         _check(2 <= self.max_n <= 16, f"fgrams.max_n={self.max_n} (expected 2..16)")
@@ -96,6 +97,8 @@ class FgramConfig:
         _check(self.combine in ("replace", "add"), f"fgrams.combine={self.combine!r} (expected 'replace' or 'add')")
         _check(self.n_layers >= 0 and self.d_model >= 0 and self.n_heads >= 0 and self.capacity >= 0,
                "fgrams.n_layers, d_model, n_heads and capacity must be >= 0")
+        _check(self.block_size >= self.max_n,
+               f"fgrams.block_size={self.block_size} (expected >= fgrams.max_n={self.max_n})")
         _check(self.size_multiplier > 0, f"fgrams.model_size={self.model_size!r} (expected e.g. '0.5x', '1x', '3x')")
 
     @property

@@ -8,15 +8,17 @@ The f-gram model is causal with start-aligned positions, so its hidden states at
 depend only on an f-gram's first m+1 tokens: f-grams sharing a prefix share that computation.
 The batcher therefore sends the batch's f-grams as a prefix forest: one node per distinct
 prefix (with deduplication; without it every matched position has its own chain), each node
-carrying its token and its path, the buffer slots of its ancestors and itself (`fgram_paths`
-[G, C, K], -1 past its depth). The f-gram model runs every node once, attending along its path
-(model/fgram_model.py), and `fgram_index` [B, T] points each position at the node of its full
-f-gram (-1 = no match). A trie is rooted at an f-gram's first token; whole tries go to one of G
-groups (one per data shard of the host, balanced by size), so attention never leaves a shard.
-Buffers are static: C slots per group, calibrated on early batches; a batch that needs more
-gets the next multiple of `granule` that fits (an overflow, counted in the stats: one
-recompile per new size, always exact). Sizes depend on the batch alone, so a resumed run sees
-the same shapes as an uninterrupted one.
+carrying its token and its path, the slots of its ancestors and itself (-1 past its depth).
+Nodes are laid out depth-first in blocks of B slots (`fgram_nodes` [G, N, B], `fgram_paths`
+[G, N, B, K] as slots within the block); a block's first slots repeat the ancestors of its
+first node, so every path stays inside its block and the f-gram model runs each block as a
+short sequence with an ancestry mask (model/fgram_model.py): dense, gather-free attention.
+`fgram_index` [B, T] points each position at the node of its full f-gram (-1 = no match).
+Blocks are dealt round-robin to G groups, one per data shard of the host, so attention never
+leaves a shard. Buffers are static: N blocks per group, calibrated on early batches; a batch
+that needs more gets the next multiple of `granule` that fits (an overflow, counted in the
+stats: one recompile per new size, always exact). Sizes depend on the batch alone, so a
+resumed run sees the same shapes as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -81,24 +83,17 @@ def prefix_forest(tokens: np.ndarray, lengths: np.ndarray, share_prefixes: bool)
     return PrefixForest(np.concatenate(node_tokens), np.concatenate(paths), node_of_row)
 
 
-def assign_groups(roots: np.ndarray, groups: int) -> np.ndarray:
-    """A group for each node from its root: tries largest first, dealt out in a snake order
-    (0..G-1, G-1..0, ...) so group sizes stay close without a per-tree Python loop."""
-    if groups == 1:
-        return np.zeros(len(roots), np.int64)
-    root_ids, inverse, sizes = np.unique(roots, return_inverse=True, return_counts=True)
-    order = np.lexsort((root_ids, -sizes))
-    turn = np.arange(len(root_ids)) % (2 * groups)
-    group_of_root = np.empty(len(root_ids), np.int64)
-    group_of_root[order] = np.where(turn < groups, turn, 2 * groups - 1 - turn)
-    return group_of_root[inverse.reshape(-1)]
+def preorder(paths: np.ndarray) -> np.ndarray:
+    """The forest's nodes in depth-first order: each node after its ancestors, each subtree
+    contiguous (paths sorted lexicographically, -1 before any node id)."""
+    return np.lexsort(paths.T[::-1]) if len(paths) else np.zeros(0, np.int64)
 
 
 @dataclass
 class ForestLayout:
-    """A forest in static device buffers: `tokens` [G, C], `paths` [G, C, K] as slots within
-    the group, `slot` [N], each node's place in the flattened [G * C] buffer, and `need`, the
-    fullest group's node count (C is that, rounded up, or more)."""
+    """A forest in static device buffers of blocks: `tokens` [G, N, B], `paths` [G, N, B, K] as
+    slots within the block, `slot` [n], each node's place in the flattened [G * N * B] buffer,
+    and `need`, the fullest group's block count (N is that, rounded up, or more)."""
 
     tokens: np.ndarray
     paths: np.ndarray
@@ -106,30 +101,61 @@ class ForestLayout:
     need: int
 
 
-def empty_buffers(groups: int, slots: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+def empty_buffers(groups: int, blocks: int, block: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Node buffers of padding slots only: each a one-token f-gram of token 0 (its own path)."""
-    tokens = np.zeros((groups, slots), np.int32)
-    paths = np.full((groups, slots, k), -1, np.int32)
-    paths[:, :, 0] = np.arange(slots)
+    tokens = np.zeros((groups, blocks, block), np.int32)
+    paths = np.full((groups, blocks, block, k), -1, np.int32)
+    paths[..., 0] = np.arange(block)
     return tokens, paths
 
 
-def forest_layout(forest: PrefixForest, groups: int, granule: int, min_slots: int = 0) -> ForestLayout:
-    """Deal the forest's tries to `groups` groups and lay each out in C slots: its fullest
-    group's count rounded up to `granule`, and at least `min_slots` (a calibrated capacity).
-    Padding slots are a one-token f-gram of token 0 whose output nobody reads."""
-    group = assign_groups(forest.paths[:, 0], groups)
-    need = int(np.bincount(group, minlength=groups).max()) if len(group) else 0
-    slots = max(min_slots, round_up(max(need, 1), granule))
-    k = forest.paths.shape[1]
-    order = np.argsort(group, kind="stable")
-    starts = np.searchsorted(group[order], np.arange(groups))
-    local = np.empty(len(group), np.int64)
-    local[order] = np.arange(len(group)) - starts[group[order]]
-    slot = group * slots + local
-    tokens, paths = empty_buffers(groups, slots, k)
-    tokens.reshape(-1)[slot] = forest.tokens
-    paths.reshape(-1, k)[slot] = np.where(forest.paths >= 0, local[np.maximum(forest.paths, 0)], -1)
+def forest_layout(forest: PrefixForest, groups: int, block: int, granule: int = 1,
+                  min_blocks: int = 0) -> ForestLayout:
+    """Lay the forest out in blocks of `block` slots that attention never leaves.
+
+    Nodes go in depth-first order, so a block's nodes find their ancestors in the block, except
+    the ancestors of its first node: those are copied to the block's first slots (slot = depth;
+    a copy computes the same state as its original, since a node depends on its path alone).
+    Blocks are dealt round-robin to `groups` groups of N blocks: the fullest group's count
+    rounded up to `granule`, and at least `min_blocks` (a calibrated capacity). Padding slots
+    are a one-token f-gram of token 0 whose output nobody reads."""
+    n, k = forest.paths.shape
+    if block < k:
+        raise ValueError(f"block={block} slots cannot hold an f-gram of {k} tokens")
+    order = preorder(forest.paths)
+    depth = (forest.paths >= 0).sum(1) - 1
+    starts, copies = [], []
+    i = 0
+    while i < n:  # one iteration per block
+        d = int(depth[order[i]])
+        starts.append(i)
+        copies.append(d)
+        i += block - d
+    starts, copies = np.asarray(starts, np.int64), np.asarray(copies, np.int64)
+    num_blocks = len(starts)
+    need = -(-num_blocks // groups)
+    blocks = max(min_blocks, round_up(max(need, 1), granule))
+    # block b is block b // G of group b % G
+    base = (np.arange(num_blocks) % groups * blocks + np.arange(num_blocks) // groups) * block
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n)
+    block_of = np.searchsorted(starts, pos, side="right") - 1  # per node
+    within = copies[block_of] + pos - starts[block_of]
+    slot = base[block_of] + within
+    tokens, paths = empty_buffers(groups, blocks, block, k)
+    flat_tokens, flat_paths = tokens.reshape(-1), paths.reshape(-1, k)
+    flat_tokens[slot] = forest.tokens
+    ancestors = np.maximum(forest.paths, 0)
+    in_block = pos[ancestors] >= starts[block_of][:, None]  # else: a copy, at slot = its depth
+    local = np.where(in_block, within[ancestors], np.arange(k))
+    flat_paths[slot] = np.where(forest.paths >= 0, local, -1)
+    # the copies: block b's first `copies[b]` slots hold the first node's ancestors
+    copy_block = np.repeat(np.arange(num_blocks), copies)
+    copy_depth = np.arange(len(copy_block)) - np.repeat(np.cumsum(copies) - copies, copies)
+    original = forest.paths[order[starts[copy_block]], copy_depth]
+    copy_slot = base[copy_block] + copy_depth
+    flat_tokens[copy_slot] = forest.tokens[original]
+    flat_paths[copy_slot] = np.where(np.arange(k) <= copy_depth[:, None], np.arange(k), -1)
     return ForestLayout(tokens, paths, slot, need)
 
 
@@ -139,8 +165,9 @@ class FgramBatcher:
     tag_lengths: np.ndarray  # [num_tokens] match length, 0 = none
     fgram_tokens: np.ndarray  # [S, K] token ids, right-padded with -1
     fgram_lengths: np.ndarray  # [S]
-    granule: int  # node slots per group grow in multiples of this
-    capacity: int = 0  # calibrated node slots per group
+    block: int  # slots per attention block (>= K)
+    granule: int = 1  # blocks per group grow in multiples of this
+    capacity: int = 0  # calibrated blocks per group
     dedup: bool = True
     groups: int = 1  # one per data shard of this host's batch
 
@@ -159,9 +186,9 @@ class FgramBatcher:
         return forest, rows, row_of_position.reshape(-1)
 
     def calibrate(self, batches: Iterable[dict[str, np.ndarray]], headroom: float = 1.1) -> None:
-        """Set the slots per group from sample batches (the largest seen, plus headroom)."""
-        peak = max((forest_layout(self.forest(np.asarray(self.tag_ids[b["positions"]]))[0], self.groups, 1).need
-                    for b in batches), default=0)
+        """Set the blocks per group from sample batches (the largest seen, plus headroom)."""
+        peak = max((forest_layout(self.forest(np.asarray(self.tag_ids[b["positions"]]))[0], self.groups,
+                                  self.block).need for b in batches), default=0)
         self.capacity = round_up(max(int(peak * headroom), 1), self.granule)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -169,7 +196,7 @@ class FgramBatcher:
         ids = np.asarray(self.tag_ids[batch["positions"]], dtype=np.int64)
         matched = ids >= 0
         forest, rows, row_of_position = self.forest(ids)
-        layout = forest_layout(forest, self.groups, self.granule, self.capacity)
+        layout = forest_layout(forest, self.groups, self.block, self.granule, self.capacity)
         index = np.full(ids.shape, -1, np.int32)
         index[matched] = layout.slot[forest.node_of_row[row_of_position]]
         n_matched = int(matched.sum())
@@ -188,17 +215,18 @@ class FgramBatcher:
         return out
 
 
-def pad_slots(batch: dict[str, np.ndarray], slots: int) -> dict[str, np.ndarray]:
-    """Grow each group's node buffer to `slots` (so every host of a job uses the same shapes),
-    re-pointing `fgram_index` into the new layout."""
-    groups, have, k = batch["fgram_paths"].shape
-    if have == slots:
+def pad_blocks(batch: dict[str, np.ndarray], blocks: int) -> dict[str, np.ndarray]:
+    """Grow each group's node buffer to `blocks` blocks (so every host of a job uses the same
+    shapes), re-pointing `fgram_index` into the new layout."""
+    groups, have, block, k = batch["fgram_paths"].shape
+    if have == blocks:
         return batch
-    tokens, paths = empty_buffers(groups, slots, k)
+    tokens, paths = empty_buffers(groups, blocks, block, k)
     tokens[:, :have] = batch["fgram_nodes"]
     paths[:, :have] = batch["fgram_paths"]
     index = batch["fgram_index"]
-    moved = index // have * slots + index % have
+    per_group = have * block
+    moved = index // per_group * (blocks * block) + index % per_group
     return {**batch, "fgram_nodes": tokens, "fgram_paths": paths,
             "fgram_index": np.where(index >= 0, moved, -1).astype(np.int32)}
 
@@ -251,13 +279,14 @@ def prepare_fgram_inputs(cfg: FgramConfig, dataset: TokenizedDataset, train_ids:
                          barrier=None) -> FgramInputs:
     """The run's f-gram set, the dataset's tags (each of `process_count` processes tagging its
     share, see `tags_for_dataset`), and a batcher with `groups` node buffers (the host's data
-    shards) that grow in steps of 1/32 of a group's positions."""
+    shards) that grow in steps of about 1/32 of a group's positions."""
     fgram_set = load_or_build_fgram_set(cfg, dataset, train_ids, run_dir, progress)
     ids, lengths = tags_for_dataset(dataset, fgram_set, progress=progress, process_index=process_index,
                                     process_count=process_count, barrier=barrier)
-    granule = round_up(max(positions_per_host // (32 * groups), 1), 8)
-    batcher = FgramBatcher(ids, lengths, fgram_set.tokens, fgram_set.lengths, granule=granule, dedup=cfg.dedup,
-                           groups=groups, capacity=round_up(cfg.capacity, granule))
+    granule = max(positions_per_host // (32 * groups * cfg.block_size), 1)
+    batcher = FgramBatcher(ids, lengths, fgram_set.tokens, fgram_set.lengths, block=cfg.block_size,
+                           granule=granule, dedup=cfg.dedup, groups=groups,
+                           capacity=round_up(-(-cfg.capacity // cfg.block_size), granule))
     return FgramInputs(fgram_set=fgram_set, batcher=batcher)
 
 

@@ -29,11 +29,7 @@ from tqdm import tqdm
 
 from scone_jax.atomic import replace_dir, storage_errors
 from scone_jax.checksums import MANIFEST, manifest
-from scone_jax.data.fgram_batches import (
-    forest_layout,
-    prefix_forest,
-    round_up,
-)
+from scone_jax.data.fgram_batches import forest_layout, prefix_forest
 from scone_jax.dist.distributed import barrier
 from scone_jax.dist.rules import activation_sharding, logical_to_spec
 from scone_jax.errors import UserError
@@ -64,8 +60,8 @@ from scone_jax.train.step import fgram_groups, node_shardings
 
 
 def fgram_rows_fn(run: RunParams, combine: str):
-    """jit: (params, node tokens [G, C], paths [G, C, K], row slots [R], last tokens [R]) -> the
-    table rows [R] x d in float32, from one prefix forest of f-grams."""
+    """jit: (params, node tokens [G, N, B], paths [G, N, B, K], row slots [R], last tokens [R]) ->
+    the table rows [R] x d in float32, from one prefix forest of f-grams."""
     handle, mesh, rules = run.handle, run.mesh, run.rules
 
     def rows(params, node_tokens, paths, row_slots, last_tokens):
@@ -82,17 +78,17 @@ def fgram_rows_fn(run: RunParams, combine: str):
 
 
 def compute_range(fn, params, fgram_set: FgramSet, a: int, b: int, batch_rows: int, groups: int,
-                  shardings) -> np.ndarray:
+                  block: int, shardings) -> np.ndarray:
     """The rows of f-grams a..b-1, `batch_rows` at a time in lexicographic order, so that f-grams
     sharing a prefix meet in one forest and the prefix is computed once."""
     tokens, lengths = np.asarray(fgram_set.tokens[a:b]), np.asarray(fgram_set.lengths[a:b])
     order = np.lexsort(tokens.T[::-1])
-    granule = round_up(max(batch_rows // (4 * groups), 1), 8)
+    granule = max(batch_rows // (4 * groups * block), 1)
     out = None
     for c in range(0, len(order), batch_rows):
         part = order[c:c + batch_rows]
         forest = prefix_forest(tokens[part], lengths[part], share_prefixes=True)
-        layout = forest_layout(forest, groups, granule)
+        layout = forest_layout(forest, groups, block, granule)
         row_slots = np.zeros(batch_rows, np.int32)
         row_slots[:len(part)] = layout.slot[forest.node_of_row]
         last = np.zeros(batch_rows, np.int32)
@@ -258,7 +254,8 @@ def export_table(run_dir: str | Path, url: str, dtype: str = "float32", step: in
         bar = tqdm(total=sum(b - a for a, b in mine), initial=sum(b - a for a, b in mine if (a, b) in done),
                    desc="export", unit="row", file=sys.stderr, disable=not progress or pid != 0, dynamic_ncols=True)
         write_ranges([r for r in mine if r not in done],
-                     lambda a, b: compute_range(fn, run.params, fgram_set, a, b, batch_rows, groups, shardings),
+                     lambda a, b: compute_range(fn, run.params, fgram_set, a, b, batch_rows, groups,
+                                                 run.cfg.fgrams.block_size, shardings),
                      arrays, dtype, work, state, bar)
         bar.close()
         barrier("export-rows-written")

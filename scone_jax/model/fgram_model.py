@@ -47,15 +47,24 @@ class FgramModel(nnx.Module):
             return constrain(out, ("batch", "embed"))
 
     def forest(self, token_embeddings: jax.Array, paths: jax.Array) -> jax.Array:
-        """F of every node of a prefix forest (data/fgram_batches.py): [G, C, d_backbone]
-        embeddings of the nodes' tokens, [G, C, K] paths -> [G, C, d_backbone]. A node's output
-        is F of the f-gram its path spells, each shared prefix computed once."""
+        """F of every node of a prefix forest laid out in blocks (data/fgram_batches.py):
+        [G, N, B, d_backbone] embeddings of the nodes' tokens, [G, N, B, K] paths (slots within
+        the block) -> [G, N, B, d_backbone]. A node's output is F of the f-gram its path spells.
+
+        Each block runs as a sequence of B slots in which a node attends to its path only: a node
+        at depth m sees exactly what position m of its f-gram sees under a causal mask, so this
+        equals running every f-gram alone, with shared prefixes computed once.
+        """
         with axis_namespace("fgram/"):
+            *lead, block, k = paths.shape
+            paths = paths.reshape(-1, block, k)
             depths = jnp.sum(paths >= 0, axis=-1) - 1
-            x = self._embed(token_embeddings, depths)
-            for block in self.blocks:
-                x = block.tree(x, depths, paths)
-            return constrain(self._output(x), ("batch", "seq", "embed"))
+            on_path = jnp.any(paths[:, :, :, None] == jnp.arange(block), axis=2)  # [blocks, query, key]
+            x = self._embed(token_embeddings.reshape(-1, block, token_embeddings.shape[-1]), depths)
+            for layer in self.blocks:
+                x = layer(x, depths, on_path)
+            out = constrain(self._output(x), ("batch", "seq", "embed"))
+            return out.reshape(*lead, block, out.shape[-1])
 
     def _embed(self, token_embeddings: jax.Array, positions: jax.Array) -> jax.Array:
         x = token_embeddings.astype(self.dtype)

@@ -97,46 +97,22 @@ class Attention(nnx.Module):
     def _attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
         """softmax(q k^T / sqrt(d)) v over keys allowed by `mask` [B or 1, Tq, Tk], then the output projection."""
         cfg, dt = self.cfg, q.dtype
-        k, v = self._expand_kv(k, v, axis=2)
+        groups = cfg.n_heads // cfg.kv_heads
+        if groups > 1:
+            k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
         scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32) / math.sqrt(cfg.head_dim)
         scores = jnp.where(mask[:, None, :, :], scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        return self._project_out(jnp.einsum("bhqs,bshk->bqhk", probs, v))
-
-    def _expand_kv(self, k: jax.Array, v: jax.Array, axis: int) -> tuple[jax.Array, jax.Array]:
-        """Grouped-query heads: each key/value head repeated for the query heads that share it."""
-        groups = self.cfg.n_heads // self.cfg.kv_heads
-        if groups > 1:
-            k, v = jnp.repeat(k, groups, axis=axis), jnp.repeat(v, groups, axis=axis)
-        return k, v
-
-    def _project_out(self, out: jax.Array) -> jax.Array:
+        out = jnp.einsum("bhqs,bshk->bqhk", probs, v)
         out = constrain(out, ("batch", "seq", "heads", "head_dim"))
-        y = jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(out.dtype))
+        y = jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt))
         if self.use_bias:
-            y = y + self.bo[...].astype(out.dtype)
+            y = y + self.bo[...].astype(dt)
         return y
 
     def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
         q, k, v = self._qkv(x, positions)
         return self._attend(q, k, v, mask)
-
-    def tree(self, x: jax.Array, depths: jax.Array, paths: jax.Array) -> jax.Array:
-        """Attention of each node of a prefix forest over its own path: x [G, C, d], `paths`
-        [G, C, K] slots of the node's ancestors and itself within its group (-1 = none).
-
-        A node at depth m sees exactly what position m of its f-gram sees under a causal mask,
-        so this equals running every f-gram alone, with shared prefixes computed once.
-        """
-        cfg = self.cfg
-        q, k, v = self._qkv(x, depths)
-        along_path = jax.vmap(lambda values, slots: values[slots])  # within a group: shard-local
-        slots = jnp.maximum(paths, 0)
-        k, v = self._expand_kv(along_path(k, slots), along_path(v, slots), axis=3)  # [G, C, K, heads, head_dim]
-        scores = jnp.einsum("gchk,gcshk->gchs", q, k).astype(jnp.float32) / math.sqrt(cfg.head_dim)
-        scores = jnp.where((paths >= 0)[:, :, None, :], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-        return self._project_out(jnp.einsum("gchs,gcshk->gchk", probs, v))
 
     def cached(self, x: jax.Array, positions: jax.Array, cache: dict, start: jax.Array,
                first_valid: jax.Array):
@@ -196,13 +172,7 @@ class Block(nnx.Module):
         self.mlp = Mlp(cfg, rngs=rngs)
 
     def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
-        return self._mlp_residual(x + self.attn(self.attn_norm(x), positions, mask))
-
-    def tree(self, x: jax.Array, depths: jax.Array, paths: jax.Array) -> jax.Array:
-        """The block over a prefix forest's nodes (see `Attention.tree`)."""
-        return self._mlp_residual(x + self.attn.tree(self.attn_norm(x), depths, paths))
-
-    def _mlp_residual(self, x: jax.Array) -> jax.Array:
+        x = x + self.attn(self.attn_norm(x), positions, mask)
         x = constrain(x, ("batch", "seq", "embed"))
         x = x + self.mlp(self.mlp_norm(x))
         return constrain(x, ("batch", "seq", "embed"))

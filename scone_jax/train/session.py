@@ -18,7 +18,7 @@ from scone_jax.data.fgram_batches import (
     FgramInputs,
     global_fgram_index,
     load_or_build_fgram_set,
-    pad_slots,
+    pad_blocks,
     prepare_fgram_inputs,
 )
 from scone_jax.data.pipeline import (
@@ -71,7 +71,7 @@ class Session:
 
             have = np.array(local_batch["fgram_nodes"].shape[1], np.int64)
             most = int(np.max(multihost_utils.process_allgather(have)))
-            local_batch = pad_slots(local_batch, most)
+            local_batch = pad_blocks(local_batch, most)
             local_batch = {**local_batch, "fgram_index": global_fgram_index(
                 local_batch["fgram_index"], local_batch["fgram_nodes"].size, jax.process_index())}
         return {k: jax.make_array_from_process_local_data(sh, np.asarray(local_batch[k]))

@@ -33,9 +33,9 @@ def batch_shardings(mesh: Mesh, rules: Mapping[str, MeshAxes], batch_size: int, 
 
 
 def node_shardings(mesh: Mesh, rules: Mapping[str, MeshAxes]) -> dict[str, NamedSharding]:
-    """The prefix forest's buffers ([G, C] tokens, [G, C, K] paths): groups over the data shards."""
-    return {"fgram_nodes": NamedSharding(mesh, logical_to_spec(("fgram/batch", None), rules)),
-            "fgram_paths": NamedSharding(mesh, logical_to_spec(("fgram/batch", None, None), rules))}
+    """The prefix forest's buffers ([G, N, B] tokens, [G, N, B, K] paths): groups over the data shards."""
+    return {"fgram_nodes": NamedSharding(mesh, logical_to_spec(("fgram/batch", None, None), rules)),
+            "fgram_paths": NamedSharding(mesh, logical_to_spec(("fgram/batch", None, None, None), rules))}
 
 
 def fgram_groups(mesh: Mesh, rules: Mapping[str, MeshAxes]) -> int:

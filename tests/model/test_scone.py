@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from scone_jax.config import FgramConfig, ModelConfig
-from scone_jax.data.fgram_batches import FgramBatcher, assign_groups, pad_slots, prefix_forest
+from scone_jax.data.fgram_batches import FgramBatcher, forest_layout, pad_blocks, prefix_forest
 from scone_jax.model import Transformer
 from scone_jax.model.scone import SconeModel
 from scone_jax.train.step import model_inputs
@@ -51,21 +51,21 @@ def loss_and_grads(model, batch):
     return jax.jit(jax.value_and_grad(loss))(params)
 
 
-@pytest.mark.parametrize("family, combine, capacity, groups", [  # capacity 4 < nodes per group: overflow
-    ("gpt2", "replace", 512, 1), ("gpt2", "add", 4, 3), ("llama", "replace", 4, 1), ("llama", "add", 512, 2)])
-def test_dedup_and_plain_give_the_same_loss_and_gradients(family, combine, capacity, groups, rng):
+@pytest.mark.parametrize("family, combine, capacity, groups, block", [  # capacity 1 block: overflow
+    ("gpt2", "replace", 64, 1, 8), ("gpt2", "add", 1, 3, K), ("llama", "replace", 1, 1, 5), ("llama", "add", 64, 2, 16)])
+def test_dedup_and_plain_give_the_same_loss_and_gradients(family, combine, capacity, groups, block, rng):
     fcfg = FgramConfig(enabled=True, max_n=K, combine=combine, d_model=24 if family == "gpt2" else 0)
     model = SconeModel(BACKBONE[family], fcfg, VOCAB, rngs=nnx.Rngs(int(rng.integers(1 << 30))))
     set_tokens, set_lengths = random_fgram_set(rng, 30, vocab=6)
     batch, tag_ids, tag_lengths = random_batch(rng, 4, 500, 30)
-    dedup = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, granule=4, capacity=capacity,
+    dedup = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, block=block, capacity=capacity,
                          groups=groups)(batch)
-    plain = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, granule=4, capacity=capacity,
+    plain = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, block=block, capacity=capacity,
                          groups=groups, dedup=False)(batch)
     matched_ids = np.unique(dedup["fgram_ids"][dedup["fgram_ids"] >= 0])
     assert dedup["fgram_stats"]["fgram_nodes"] < set_lengths[matched_ids].sum()  # prefixes were shared
     assert plain["fgram_stats"]["fgram_nodes"] == set_lengths[plain["fgram_ids"][plain["fgram_ids"] >= 0]].sum()
-    assert (dedup["fgram_stats"]["fgram_overflow"] > 0) == (capacity == 4)
+    assert (dedup["fgram_stats"]["fgram_overflow"] > 0) == (capacity == 1)
     assert dedup["fgram_nodes"].shape[0] == groups
     (la, ga), (lb, gb) = loss_and_grads(model, dedup), loss_and_grads(model, plain)
     np.testing.assert_allclose(la, lb, rtol=1e-6)
@@ -73,15 +73,38 @@ def test_dedup_and_plain_give_the_same_loss_and_gradients(family, combine, capac
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     fgram_grads = jax.tree.leaves(ga["fgram"])
     assert any(np.abs(np.asarray(g)).max() > 0 for g in fgram_grads)  # the f-gram path is trained
-    # a host padding its buffer to another host's size (pad_slots) computes the same loss
-    padded = pad_slots(dedup, dedup["fgram_nodes"].shape[1] + 8)
+    # a host padding its buffer to another host's size (pad_blocks) computes the same loss
+    padded = pad_blocks(dedup, dedup["fgram_nodes"].shape[1] + 2)
     np.testing.assert_allclose(loss_and_grads(model, padded)[0], la, rtol=1e-6)
 
 
-@pytest.mark.parametrize("groups", [1, 2, 5])
-def test_prefix_forest_has_one_node_per_distinct_prefix(groups, rng):
+def greedy_block_count(forest, block):
+    """Brute force: walk the trie depth-first from a nested dict; a block that fills up is
+    followed by one that starts with the copied ancestors of its first node."""
+    trie = {}
+    for path in forest.paths:
+        node = trie
+        for a in path[path >= 0]:
+            node = node.setdefault(int(a), {})
+    blocks, used = 0, block
+
+    def visit(children, depth):
+        nonlocal blocks, used
+        for child in sorted(children):
+            if used == block:
+                blocks, used = blocks + 1, depth
+            used += 1
+            visit(children[child], depth + 1)
+
+    visit(trie, 0)
+    return blocks
+
+
+@pytest.mark.parametrize("groups, block", [(1, K), (2, 7), (5, 32)])
+def test_prefix_forest_has_one_node_per_distinct_prefix(groups, block, rng):
     """Against a brute-force trie: node strings are exactly the distinct prefixes, each row's node
-    spells the row, paths are the node's ancestors, and no path leaves its group."""
+    spells the row, paths are the node's ancestors within the node's block, blocks are packed
+    as tightly as a greedy depth-first walk allows and dealt evenly to the groups."""
     set_tokens, set_lengths = random_fgram_set(rng, int(rng.integers(1, 200)), vocab=int(rng.integers(2, 12)))
     forest = prefix_forest(set_tokens, set_lengths, share_prefixes=True)
     spelled = [tuple(forest.tokens[p[p >= 0]]) for p in forest.paths]
@@ -93,24 +116,24 @@ def test_prefix_forest_has_one_node_per_distinct_prefix(groups, rng):
     for node, path in enumerate(forest.paths):  # each ancestor spells the node's prefix of its depth
         assert path[depth[node]] == node
         assert all(spelled[path[m]] == spelled[node][:m + 1] for m in range(depth[node]))
-    batcher = FgramBatcher(np.arange(len(set_tokens)), set_lengths, set_tokens, set_lengths, granule=1,
+    batcher = FgramBatcher(np.arange(len(set_tokens)), set_lengths, set_tokens, set_lengths, block=block,
                            groups=groups)
     out = batcher({"positions": np.arange(len(set_tokens))[None]})
     paths, nodes = out["fgram_paths"], out["fgram_nodes"]
-    slots = paths.shape[1]
-    for g in range(groups):
-        for c in range(slots):
-            path = paths[g, c][paths[g, c] >= 0]
-            assert path[-1] == c and np.all(path < slots)  # local to group g
+    assert paths.shape[0] == groups and paths.shape[2] == block
+    for g, n, c in np.ndindex(paths.shape[:3]):  # every slot (copies too) spells a prefix from its block
+        path = paths[g, n, c][paths[g, n, c] >= 0]
+        assert path[-1] == c and np.all(path < block)
+        assert len(path) == 1 or tuple(nodes[g, n, path]) in expected
     for i, slot in enumerate(out["fgram_index"][0]):  # each position's node spells its f-gram
-        g, c = divmod(int(slot), slots)
-        path = paths[g, c][paths[g, c] >= 0]
-        assert nodes[g, path].tolist() == set_tokens[i, :set_lengths[i]].tolist()
-    roots = forest.paths[:, 0]
-    group = assign_groups(roots, groups)
-    assert all(len(set(group[roots == r])) == 1 for r in np.unique(roots))  # whole tries per group
-    sizes = np.bincount(group, minlength=groups)
-    assert sizes.max() - sizes.min() <= np.bincount(roots).max()  # balanced up to one trie
+        g, n, c = np.unravel_index(int(slot), paths.shape[:3])
+        path = paths[g, n, c][paths[g, n, c] >= 0]
+        assert nodes[g, n, path].tolist() == set_tokens[i, :set_lengths[i]].tolist()
+    layout = forest_layout(forest, groups, block)
+    used = np.unique(layout.slot // block)
+    assert len(used) == greedy_block_count(forest, block)
+    per_group = np.bincount(used // layout.tokens.shape[1], minlength=groups)
+    assert per_group.max() - per_group.min() <= 1 and per_group.max() == layout.need
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -119,7 +142,7 @@ def test_forest_equals_the_fgram_model_on_each_fgram_alone(family, rng):
     fcfg = FgramConfig(enabled=True, max_n=K, d_model=24 if family == "gpt2" else 0)
     model = SconeModel(BACKBONE[family], fcfg, VOCAB, rngs=nnx.Rngs(int(rng.integers(1 << 30))))
     set_tokens, set_lengths = random_fgram_set(rng, 60, vocab=5)
-    out = FgramBatcher(np.arange(60), set_lengths, set_tokens, set_lengths, granule=8, groups=2)(
+    out = FgramBatcher(np.arange(60), set_lengths, set_tokens, set_lengths, block=6, groups=2)(
         {"positions": np.arange(60)[None]})
     table = model.backbone.embed_table[...]
     forest = model.fgram.forest(jnp.take(table, jnp.asarray(out["fgram_nodes"]), axis=0),
@@ -136,7 +159,7 @@ def test_no_matches_is_exactly_the_baseline(family, rng):
     base = Transformer(BACKBONE[family], VOCAB, rngs=nnx.Rngs(seed))
     set_tokens, set_lengths = random_fgram_set(rng, 5)
     batch, tag_ids, tag_lengths = random_batch(rng, 2, 300, 5, match_prob=0.0)
-    batch = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, granule=4)(batch)
+    batch = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, block=K)(batch)
     ls, _ = loss_and_grads(scone, batch)
     graphdef, params = nnx.split(base)
 
