@@ -185,7 +185,7 @@ class FgramBatcher:
         forest = prefix_forest(self.fgram_tokens[rows], self.fgram_lengths[rows], share_prefixes=self.dedup)
         return forest, rows, row_of_position.reshape(-1)
 
-    def calibrate(self, batches: Iterable[dict[str, np.ndarray]], headroom: float = 1.1) -> None:
+    def calibrate(self, batches: Iterable[dict[str, np.ndarray]], headroom: float = 1.05) -> None:
         """Set the blocks per group from sample batches (the largest seen, plus headroom)."""
         peak = max((forest_layout(self.forest(np.asarray(self.tag_ids[b["positions"]]))[0], self.groups,
                                   self.block).need for b in batches), default=0)
