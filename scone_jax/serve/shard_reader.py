@@ -22,7 +22,7 @@ import tensorstore as ts
 
 from scone_jax.errors import UserError
 
-_MISSING = np.uint64(2**64 - 1)  # an index entry of a chunk never written
+_MISSING = 2**64 - 1  # an index entry of a chunk never written
 
 
 class ShardReader:
@@ -30,7 +30,8 @@ class ShardReader:
         self.directory, self.shape, self.dtype = directory, shape, dtype
         self.shard_rows, self.chunk_rows = shard_rows, chunk_rows
         self.chunks_per_shard = shard_rows // chunk_rows
-        self.chunk_bytes = chunk_rows * shape[1] * dtype.itemsize
+        self.row_bytes = shape[1] * dtype.itemsize
+        self.chunk_bytes = chunk_rows * self.row_bytes
         self._indexes: dict[int, np.ndarray] = {}  # shard -> [chunks, 2] (offset, nbytes)
         self._files: dict[int, int] = {}  # shard -> open file descriptor
         self._lock = threading.Lock()
@@ -63,21 +64,27 @@ class ShardReader:
         chunk_of = ids // self.chunk_rows
         starts = np.flatnonzero(np.r_[True, chunk_of[1:] != chunk_of[:-1]])
         for a, b in zip(starts, np.r_[starts[1:], len(ids)], strict=True):
-            rows = self._chunk(int(chunk_of[a]))
-            out[a:b] = rows[ids[a:b] - chunk_of[a] * self.chunk_rows]
+            rows = np.frombuffer(self._chunk(int(chunk_of[a])), self.dtype, count=self.chunk_rows * self.shape[1])
+            out[a:b] = rows.reshape(self.chunk_rows, -1)[ids[a:b] - chunk_of[a] * self.chunk_rows]
         return out
 
-    def _chunk(self, chunk: int) -> np.ndarray:
+    def read_row(self, row: int) -> np.ndarray:
+        """One stored row [d]: the fewest calls, for a decode step's few rows."""
+        chunk, within = divmod(row, self.chunk_rows)
+        return np.frombuffer(self._chunk(chunk), self.dtype, count=self.shape[1], offset=within * self.row_bytes)
+
+    def _chunk(self, chunk: int) -> bytes:
+        """A chunk's bytes, its crc32c checked (the 4 checksum bytes left at the end)."""
         shard, within = divmod(chunk, self.chunks_per_shard)
         fd, index = self._shard(shard)
-        offset, nbytes = index[within]
-        path = self._path(shard)
+        offset, nbytes = index[within].tolist()
         if offset == _MISSING or nbytes != self.chunk_bytes + 4:
-            raise UserError(f"table rows file {path}: chunk {within} is missing or has {nbytes} bytes "
-                            f"(expected {self.chunk_bytes + 4}); the table is damaged, export it again")
-        data = os.pread(fd, int(nbytes), int(offset))
-        _check(data, path, f"chunk {within}")
-        return np.frombuffer(data, self.dtype, count=self.chunk_rows * self.shape[1]).reshape(self.chunk_rows, -1)
+            raise UserError(f"table rows file {self._path(shard)}: chunk {within} is missing or has {nbytes} "
+                            f"bytes (expected {self.chunk_bytes + 4}); the table is damaged, export it again")
+        data = os.pread(fd, nbytes, offset)
+        if not _intact(data):
+            raise _damaged(self._path(shard), f"chunk {within}")
+        return data
 
     def _shard(self, shard: int) -> tuple[int, np.ndarray]:
         with self._lock:
@@ -90,7 +97,8 @@ class ShardReader:
                 size = self.chunks_per_shard * 16 + 4
                 end = os.fstat(fd).st_size
                 data = os.pread(fd, size, end - size) if end >= size else b""
-                _check(data, path, "index")
+                if not _intact(data):
+                    raise _damaged(path, "index")
                 self._indexes[shard] = np.frombuffer(data, "<u8", count=2 * self.chunks_per_shard).reshape(-1, 2)
                 self._files[shard] = fd
             return self._files[shard], self._indexes[shard]
@@ -113,8 +121,11 @@ def _close_files(files: dict[int, int]) -> None:
         os.close(fd)
 
 
-def _check(data: bytes, path: Path, what: str) -> None:
-    """data = payload + its little-endian crc32c, else a one-line error naming the file."""
-    if len(data) < 4 or crc32c.crc32c(memoryview(data)[:-4]) != int.from_bytes(data[-4:], "little"):
-        raise UserError(f"table rows file {path}: {what} fails its crc32c check (or is truncated); "
-                        "the table is damaged, export it again")
+def _intact(data: bytes) -> bool:
+    """Whether data = payload + its little-endian crc32c."""
+    return len(data) >= 4 and crc32c.crc32c(memoryview(data)[:-4]) == int.from_bytes(data[-4:], "little")
+
+
+def _damaged(path: Path, what: str) -> UserError:
+    return UserError(f"table rows file {path}: {what} fails its crc32c check (or is truncated); "
+                     "the table is damaged, export it again")

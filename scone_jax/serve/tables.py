@@ -164,6 +164,7 @@ class DiskTable(Table):
     """
 
     ROW_CACHE_SHARE = 8  # through tensorstore: 1/8 of cache_bytes holds recent rows, the rest its chunks
+    FEW_ROWS = 32  # up to this many ids (a decode step), a row-by-row loop beats whole-array numpy calls
 
     def __init__(self, url: str, cache_bytes: int = 256 << 20):
         loc, meta = read_meta(url)
@@ -185,6 +186,8 @@ class DiskTable(Table):
 
     def gather(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, np.int64)
+        if self.direct and ids.size <= self.FEW_ROWS:
+            return self._gather_few(ids)
         flat = ids.reshape(-1)
         slots = flat % len(self._slot_ids)
         with self._lock:
@@ -198,6 +201,21 @@ class DiskTable(Table):
                 self._slot_ids[kept] = unique[first]
                 self._slot_rows[kept] = fetched[first]
         return rows.reshape(*ids.shape, self.width)
+
+    def _gather_few(self, ids: np.ndarray) -> np.ndarray:
+        """`gather` for a decode step's few rows: a loop of scalar steps and one `pread` per row
+        missed, which costs a fraction of the whole-array path's numpy calls on cold caches."""
+        out = np.empty((ids.size, self.width), np.float32)
+        slot_ids, slot_rows = self._slot_ids, self._slot_rows
+        with self._lock:
+            for j, row in enumerate(ids.reshape(-1).tolist()):
+                slot = row % len(slot_ids)
+                if slot_ids[slot] != row:
+                    stored = self.direct.read_row(row)
+                    slot_rows[slot] = stored if self.scale is None else stored * self.scale[row]
+                    slot_ids[slot] = row
+                out[j] = slot_rows[slot]
+        return out.reshape(*ids.shape, self.width)
 
     def _read_rows(self, unique: np.ndarray) -> np.ndarray:
         stored = self.direct.read(unique) if self.direct else _read(self.rows, "rows", self.url, (unique,))

@@ -53,12 +53,13 @@ def test_every_tier_decodes_the_same_tokens(exported, rng):
     assert outs[0] == outs[1] == outs[2]
 
 
-def test_disk_row_cache_returns_the_stored_rows(exported, rng):
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_disk_row_cache_returns_the_stored_rows(exported, dtype, rng):
     _, root = exported
-    host = open_table(str(root / "int8"), "host")
-    disk = open_table(str(root / "int8"), "disk", cache_bytes=64 * 4 * host.width)  # 8 row slots: evictions
-    for _ in range(6):
-        ids = rng.integers(0, min(host.num_rows, 40), 12)
+    host = open_table(str(root / dtype), "host")
+    disk = open_table(str(root / dtype), "disk", cache_bytes=64 * 4 * host.width)  # 64 row slots: evictions
+    for size in (1, 12, 12, 90, 1, 12):  # a decode step's few rows (a loop), or many (whole arrays)
+        ids = rng.integers(0, min(host.num_rows, 200), size)
         ids = np.concatenate([ids, ids[:4]])  # repeats within a call too
         np.testing.assert_array_equal(disk.gather(ids), host.gather(ids))
 

@@ -28,6 +28,8 @@ def test_direct_reads_equal_tensorstore(tmp_path, dtype, rng):
     ids = np.unique(np.r_[ids, 0, rows - 1])  # the first and the last (partial shard) rows too
     expected = np.asarray(array.oindex[ids].read().result())
     np.testing.assert_array_equal(reader.read(ids), expected)
+    for i in rng.permutation(len(ids))[:20]:  # the one-row path of a decode step
+        np.testing.assert_array_equal(reader.read_row(int(ids[i])), expected[i])
 
 
 def test_a_flipped_byte_in_a_chunk_or_index_is_refused(tmp_path, rng):
@@ -39,9 +41,10 @@ def test_a_flipped_byte_in_a_chunk_or_index_is_refused(tmp_path, rng):
         data[where] ^= 0x10
         shard.write_bytes(bytes(data))
         reader = ShardReader.for_array(array, loc.local_path / "rows")
-        with pytest.raises(UserError, match="fails its crc32c check") as caught:
-            reader.read(np.arange(128, 256))
-        assert str(shard) in str(caught.value) and "\n" not in str(caught.value)
+        for read, arg in ((reader.read, np.arange(128, 256)), (reader.read_row, 128 + where // 32 % 16)):
+            with pytest.raises(UserError, match="fails its crc32c check") as caught:
+                read(arg)
+            assert str(shard) in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_other_layouts_and_remote_tables_use_tensorstore(tmp_path):
