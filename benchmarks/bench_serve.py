@@ -166,7 +166,7 @@ def export_throughput(quick: bool) -> list[str]:
     """Rows/s of `export_table` on a trained tiny SCONE run, against the f-gram model's FLOPs."""
     from scone_jax.data.fgram_batches import prefix_forest
     from scone_jax.export.table import export_table
-    from scone_jax.metrics.flops import fgram_forward_per_node, fgram_forward_per_row
+    from scone_jax.metrics.flops import fgram_forest_forward, fgram_forward_per_row
     from scone_jax.train.loop import train
 
     work = Path(tempfile.mkdtemp(prefix="scone-bench-export-"))
@@ -182,7 +182,7 @@ def export_throughput(quick: bool) -> list[str]:
     order = np.lexsort(fs.tokens.T[::-1])  # export's batches: 1024 rows in lexicographic order (one range here)
     nodes = sum(len(prefix_forest(fs.tokens[order[c:c + 1024]], fs.lengths[order[c:c + 1024]], True).tokens)
                 for c in range(0, len(order), 1024))
-    flops = nodes * fgram_forward_per_node(cfg.fgrams, cfg.model) / len(order)
+    flops = fgram_forest_forward(cfg.fgrams, cfg.model, nodes, len(order)) / len(order)
     peak = matmul_peak(512)
     achieved = meta["rows_per_s"] * flops
     return ["Export throughput (tiny SCONE run, 1x f-gram model, float32 rows, this CPU):", "",

@@ -92,13 +92,17 @@ def preorder(paths: np.ndarray) -> np.ndarray:
 @dataclass
 class ForestLayout:
     """A forest in static device buffers of blocks: `tokens` [G, N, B], `paths` [G, N, B, K] as
-    slots within the block, `slot` [n], each node's place in the flattened [G * N * B] buffer,
-    and `need`, the fullest group's block count (N is that, rounded up, or more)."""
+    slots within the block, `outputs` [G, R], the slots (within the group's N * B) of the
+    nodes whose output is read, and `output` [rows], each row's place in the flattened
+    [G * R] outputs. `need` and `need_outputs` are the fullest group's counts (N and R are
+    those, rounded up, or more)."""
 
     tokens: np.ndarray
     paths: np.ndarray
-    slot: np.ndarray
+    outputs: np.ndarray
+    output: np.ndarray
     need: int
+    need_outputs: int
 
 
 def empty_buffers(groups: int, blocks: int, block: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -110,7 +114,7 @@ def empty_buffers(groups: int, blocks: int, block: int, k: int) -> tuple[np.ndar
 
 
 def forest_layout(forest: PrefixForest, groups: int, block: int, granule: int = 1,
-                  min_blocks: int = 0) -> ForestLayout:
+                  min_blocks: int = 0, min_outputs: int = 0) -> ForestLayout:
     """Lay the forest out in blocks of `block` slots that attention never leaves.
 
     Nodes go in depth-first order, so a block's nodes find their ancestors in the block, except
@@ -118,7 +122,9 @@ def forest_layout(forest: PrefixForest, groups: int, block: int, granule: int = 
     a copy computes the same state as its original, since a node depends on its path alone).
     Blocks are dealt round-robin to `groups` groups of N blocks: the fullest group's count
     rounded up to `granule`, and at least `min_blocks` (a calibrated capacity). Padding slots
-    are a one-token f-gram of token 0 whose output nobody reads."""
+    are a one-token f-gram of token 0 whose output nobody reads. The rows' nodes (distinct:
+    each row is a different f-gram) are each group's outputs, R of them: the fullest group's
+    count rounded up to `block`, and at least `min_outputs`."""
     n, k = forest.paths.shape
     if block < k:
         raise ValueError(f"block={block} slots cannot hold an f-gram of {k} tokens")
@@ -156,7 +162,18 @@ def forest_layout(forest: PrefixForest, groups: int, block: int, granule: int = 
     copy_slot = base[copy_block] + copy_depth
     flat_tokens[copy_slot] = forest.tokens[original]
     flat_paths[copy_slot] = np.where(np.arange(k) <= copy_depth[:, None], np.arange(k), -1)
-    return ForestLayout(tokens, paths, slot, need)
+    # outputs: each row's node, grouped by its block's group, in slot order
+    row_slot = slot[forest.node_of_row]
+    row_group = row_slot // (blocks * block)
+    counts = np.bincount(row_group, minlength=groups)
+    need_outputs = int(counts.max()) if len(row_slot) else 0
+    width = max(min_outputs, round_up(max(need_outputs, 1), block))
+    order = np.argsort(row_slot, kind="stable")
+    rank = np.empty(len(row_slot), np.int64)
+    rank[order] = np.arange(len(row_slot)) - (np.cumsum(counts) - counts)[row_group[order]]
+    outputs = np.zeros((groups, width), np.int32)
+    outputs[row_group, rank] = row_slot - row_group * (blocks * block)
+    return ForestLayout(tokens, paths, outputs, row_group * width + rank, need, need_outputs)
 
 
 @dataclass
@@ -168,6 +185,7 @@ class FgramBatcher:
     block: int  # slots per attention block (>= K)
     granule: int = 1  # blocks per group grow in multiples of this
     capacity: int = 0  # calibrated blocks per group
+    output_capacity: int = 0  # calibrated output slots per group
     dedup: bool = True
     groups: int = 1  # one per data shard of this host's batch
 
@@ -186,22 +204,28 @@ class FgramBatcher:
         return forest, rows, row_of_position.reshape(-1)
 
     def calibrate(self, batches: Iterable[dict[str, np.ndarray]], headroom: float = 1.05) -> None:
-        """Set the blocks per group from sample batches (the largest seen, plus headroom)."""
-        peak = max((forest_layout(self.forest(np.asarray(self.tag_ids[b["positions"]]))[0], self.groups,
-                                  self.block).need for b in batches), default=0)
-        self.capacity = round_up(max(int(peak * headroom), 1), self.granule)
+        """Set the blocks and output slots per group from sample batches (the largest seen, plus
+        headroom); a capacity already set (`fgrams.capacity`) is kept."""
+        layouts = [forest_layout(self.forest(np.asarray(self.tag_ids[b["positions"]]))[0], self.groups, self.block)
+                   for b in batches]
+        if not self.capacity:
+            self.capacity = round_up(max(int(max((x.need for x in layouts), default=0) * headroom), 1), self.granule)
+        peak_outputs = max((x.need_outputs for x in layouts), default=0)
+        self.output_capacity = round_up(max(int(peak_outputs * headroom), 1), self.block)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Add `fgram_index` [B, T], the node buffers `fgram_nodes`/`fgram_paths`, and `fgram_stats`."""
+        """Add `fgram_index` [B, T], the forest's buffers `fgram_nodes`/`fgram_paths`/`fgram_outputs`,
+        and `fgram_stats`."""
         ids = np.asarray(self.tag_ids[batch["positions"]], dtype=np.int64)
         matched = ids >= 0
         forest, rows, row_of_position = self.forest(ids)
-        layout = forest_layout(forest, self.groups, self.block, self.granule, self.capacity)
+        layout = forest_layout(forest, self.groups, self.block, self.granule, self.capacity, self.output_capacity)
         index = np.full(ids.shape, -1, np.int32)
-        index[matched] = layout.slot[forest.node_of_row[row_of_position]]
+        index[matched] = layout.output[row_of_position]
         n_matched = int(matched.sum())
         out = dict(batch)
-        out.update(fgram_index=index, fgram_nodes=layout.tokens, fgram_paths=layout.paths)
+        out.update(fgram_index=index, fgram_nodes=layout.tokens, fgram_paths=layout.paths,
+                   fgram_outputs=layout.outputs)
         out["fgram_ids"] = ids.astype(np.int32)  # host-side only: what serving looks up
         out["fgram_stats"] = {
             "match_rate": n_matched / ids.size,
@@ -210,24 +234,26 @@ class FgramBatcher:
             if n_matched else 0.0,
             "fgram_nodes": len(forest.tokens),
             "fgram_positions": int(layout.tokens.size),
-            "fgram_overflow": int(layout.need > self.capacity),
+            "fgram_outputs": int(layout.outputs.size),
+            "fgram_overflow": int(layout.need > self.capacity or layout.need_outputs > self.output_capacity),
         }
         return out
 
 
-def pad_blocks(batch: dict[str, np.ndarray], blocks: int) -> dict[str, np.ndarray]:
-    """Grow each group's node buffer to `blocks` blocks (so every host of a job uses the same
-    shapes), re-pointing `fgram_index` into the new layout."""
+def pad_buffers(batch: dict[str, np.ndarray], blocks: int, outputs: int) -> dict[str, np.ndarray]:
+    """Grow each group's buffers to `blocks` blocks and `outputs` output slots (so every host of
+    a job uses the same shapes), re-pointing `fgram_index` into the new outputs. Blocks are
+    added after the group's own, so its slots keep their numbers."""
     groups, have, block, k = batch["fgram_paths"].shape
-    if have == blocks:
-        return batch
+    have_outputs = batch["fgram_outputs"].shape[1]
     tokens, paths = empty_buffers(groups, blocks, block, k)
     tokens[:, :have] = batch["fgram_nodes"]
     paths[:, :have] = batch["fgram_paths"]
+    slots = np.zeros((groups, outputs), np.int32)
+    slots[:, :have_outputs] = batch["fgram_outputs"]
     index = batch["fgram_index"]
-    per_group = have * block
-    moved = index // per_group * (blocks * block) + index % per_group
-    return {**batch, "fgram_nodes": tokens, "fgram_paths": paths,
+    moved = index // have_outputs * outputs + index % have_outputs
+    return {**batch, "fgram_nodes": tokens, "fgram_paths": paths, "fgram_outputs": slots,
             "fgram_index": np.where(index >= 0, moved, -1).astype(np.int32)}
 
 

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from scone_jax.atomic import replace_dir, storage_errors
 from scone_jax.checksums import MANIFEST, manifest
-from scone_jax.data.fgram_batches import forest_layout, prefix_forest
+from scone_jax.data.fgram_batches import forest_layout, prefix_forest, round_up
 from scone_jax.dist.distributed import barrier
 from scone_jax.dist.rules import activation_sharding, logical_to_spec
 from scone_jax.errors import UserError
@@ -60,16 +60,17 @@ from scone_jax.train.step import fgram_groups, node_shardings
 
 
 def fgram_rows_fn(run: RunParams, combine: str):
-    """jit: (params, node tokens [G, N, B], paths [G, N, B, K], row slots [R], last tokens [R]) ->
-    the table rows [R] x d in float32, from one prefix forest of f-grams."""
+    """jit: (params, node tokens [G, N, B], paths [G, N, B, K], output slots [G, O], each row's
+    output [R], last tokens [R]) -> the table rows [R] x d in float32, from one prefix forest of
+    f-grams."""
     handle, mesh, rules = run.handle, run.mesh, run.rules
 
-    def rows(params, node_tokens, paths, row_slots, last_tokens):
+    def rows(params, node_tokens, paths, outputs, row_outputs, last_tokens):
         with activation_sharding(mesh, rules):
             model = handle.merge(params)
             table = model.backbone.embed_table[...]
-            nodes = model.fgram.forest(jnp.take(table, node_tokens, axis=0), paths)
-            out = jnp.take(nodes.reshape(-1, nodes.shape[-1]), row_slots, axis=0).astype(jnp.float32)
+            nodes = model.fgram.forest(jnp.take(table, node_tokens, axis=0), paths, outputs)
+            out = jnp.take(nodes.reshape(-1, nodes.shape[-1]), row_outputs, axis=0).astype(jnp.float32)
             if combine == "replace":
                 out = out - jnp.take(table, last_tokens, axis=0).astype(jnp.float32)
         return out
@@ -84,17 +85,18 @@ def compute_range(fn, params, fgram_set: FgramSet, a: int, b: int, batch_rows: i
     tokens, lengths = np.asarray(fgram_set.tokens[a:b]), np.asarray(fgram_set.lengths[a:b])
     order = np.lexsort(tokens.T[::-1])
     granule = max(batch_rows // (4 * groups * block), 1)
+    outputs = round_up(-(-batch_rows // groups) + block, block)  # a group's blocks hold its rows, give or take one
     out = None
     for c in range(0, len(order), batch_rows):
         part = order[c:c + batch_rows]
         forest = prefix_forest(tokens[part], lengths[part], share_prefixes=True)
-        layout = forest_layout(forest, groups, block, granule)
-        row_slots = np.zeros(batch_rows, np.int32)
-        row_slots[:len(part)] = layout.slot[forest.node_of_row]
+        layout = forest_layout(forest, groups, block, granule, min_outputs=outputs)
+        row_outputs = np.zeros(batch_rows, np.int32)
+        row_outputs[:len(part)] = layout.output
         last = np.zeros(batch_rows, np.int32)
         last[:len(part)] = tokens[part, lengths[part] - 1]
         rows = np.asarray(jax.device_get(fn(params, *(jax.device_put(x, sh) for x, sh in zip(
-            (layout.tokens, layout.paths, row_slots, last), shardings, strict=True)))))
+            (layout.tokens, layout.paths, layout.outputs, row_outputs, last), shardings, strict=True)))))
         if out is None:
             out = np.empty((b - a, rows.shape[1]), np.float32)
         out[part] = rows[:len(part)]
@@ -247,7 +249,8 @@ def export_table(run_dir: str | Path, url: str, dtype: str = "float32", step: in
         arrays = create_arrays(work, num_rows, width, dtype, chunk_rows, shard_rows)  # or opens them
         rows_sharding = NamedSharding(run.mesh, logical_to_spec(("fgram/batch",), run.rules))
         nodes_sharding = node_shardings(run.mesh, run.rules)
-        shardings = nodes_sharding["fgram_nodes"], nodes_sharding["fgram_paths"], rows_sharding, rows_sharding
+        shardings = (nodes_sharding["fgram_nodes"], nodes_sharding["fgram_paths"], nodes_sharding["fgram_outputs"],
+                     rows_sharding, rows_sharding)
         groups = fgram_groups(run.mesh, run.rules)
         fn = fgram_rows_fn(run, run.cfg.fgrams.combine)
         start = time.perf_counter()

@@ -77,11 +77,14 @@ def count_fgram_params(fgram: FgramConfig, backbone: ModelConfig) -> int:
 
 
 def _forward_per_token(cfg: ModelConfig, seq_len: int) -> float:
-    d, h, kv, hd, f = cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim, cfg.ffn_dim
+    d, h, kv, hd = cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim
     proj = d * h * hd + 2 * d * kv * hd + h * hd * d
-    mlp = (3 if cfg.family == "llama" else 2) * d * f
     attention = 2 * seq_len * h * hd  # QK^T and PV per query token
-    return cfg.n_layers * (2 * (proj + mlp) + 2 * attention)
+    return cfg.n_layers * (2 * (proj + _mlp_params(cfg)) + 2 * attention)
+
+
+def _mlp_params(cfg: ModelConfig) -> int:
+    return (3 if cfg.family == "llama" else 2) * cfg.d_model * cfg.ffn_dim
 
 
 def model_flops(cfg: ModelConfig, vocab_size: int, seq_len: int) -> ModelFlops:
@@ -91,12 +94,14 @@ def model_flops(cfg: ModelConfig, vocab_size: int, seq_len: int) -> ModelFlops:
                       forward_per_token=_forward_per_token(cfg, seq_len) + head)
 
 
-def fgram_forward_per_node(fgram: FgramConfig, backbone: ModelConfig) -> float:
-    """Forward FLOPs of the f-gram model on one node of a prefix forest: one position,
-    attending over K path slots, with the width projections in and out."""
+def fgram_forest_forward(fgram: FgramConfig, backbone: ModelConfig, slots: int, outputs: int) -> float:
+    """Forward FLOPs of the f-gram model on a prefix forest of `slots` node slots, `outputs` of
+    them read: each slot is one position attending over K path slots; the last layer's output
+    projection and MLP, and the projection out to the backbone's width, run on the outputs."""
     cfg = fgram.model_config(backbone)
-    proj = 4 * backbone.d_model * cfg.d_model if cfg.d_model != backbone.d_model else 0
-    return _forward_per_token(cfg, fgram.max_n) + proj
+    proj = 2 * backbone.d_model * cfg.d_model if cfg.d_model != backbone.d_model else 0
+    tail = 2 * (cfg.n_heads * cfg.head_dim * cfg.d_model + _mlp_params(cfg))
+    return slots * (_forward_per_token(cfg, fgram.max_n) + proj) - (slots - outputs) * tail + outputs * proj
 
 
 def fgram_forward_per_row(fgram: FgramConfig, backbone: ModelConfig, length: int) -> float:

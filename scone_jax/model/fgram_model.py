@@ -46,25 +46,28 @@ class FgramModel(nnx.Module):
             out = self._output(jnp.take_along_axis(x, last[:, None, None].astype(jnp.int32), axis=1)[:, 0])
             return constrain(out, ("batch", "embed"))
 
-    def forest(self, token_embeddings: jax.Array, paths: jax.Array) -> jax.Array:
-        """F of every node of a prefix forest laid out in blocks (data/fgram_batches.py):
+    def forest(self, token_embeddings: jax.Array, paths: jax.Array, outputs: jax.Array) -> jax.Array:
+        """F at the output nodes of a prefix forest laid out in blocks (data/fgram_batches.py):
         [G, N, B, d_backbone] embeddings of the nodes' tokens, [G, N, B, K] paths (slots within
-        the block) -> [G, N, B, d_backbone]. A node's output is F of the f-gram its path spells.
+        the block), [G, R] output slots (within the group's N * B) -> [G, R, d_backbone]. A
+        node's output is F of the f-gram its path spells.
 
         Each block runs as a sequence of B slots in which a node attends to its path only: a node
         at depth m sees exactly what position m of its f-gram sees under a causal mask, so this
-        equals running every f-gram alone, with shared prefixes computed once.
+        equals running every f-gram alone, with shared prefixes computed once. Only the last
+        layer's keys and values are needed of the other nodes, so its output projection and MLP
+        run on the output nodes alone.
         """
         with axis_namespace("fgram/"):
-            *lead, block, k = paths.shape
+            block, k = paths.shape[-2:]
             paths = paths.reshape(-1, block, k)
             depths = jnp.sum(paths >= 0, axis=-1) - 1
             on_path = jnp.any(paths[:, :, :, None] == jnp.arange(block), axis=2)  # [blocks, query, key]
             x = self._embed(token_embeddings.reshape(-1, block, token_embeddings.shape[-1]), depths)
-            for layer in self.blocks:
+            for layer in self.blocks[:-1]:
                 x = layer(x, depths, on_path)
-            out = constrain(self._output(x), ("batch", "seq", "embed"))
-            return out.reshape(*lead, block, out.shape[-1])
+            x = self.blocks[-1].at_rows(x, depths, on_path, outputs)
+            return constrain(self._output(x), ("batch", "seq", "embed"))
 
     def _embed(self, token_embeddings: jax.Array, positions: jax.Array) -> jax.Array:
         x = token_embeddings.astype(self.dtype)

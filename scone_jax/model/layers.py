@@ -96,6 +96,9 @@ class Attention(nnx.Module):
 
     def _attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
         """softmax(q k^T / sqrt(d)) v over keys allowed by `mask` [B or 1, Tq, Tk], then the output projection."""
+        return self.project(self._heads(q, k, v, mask))
+
+    def _heads(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
         cfg, dt = self.cfg, q.dtype
         groups = cfg.n_heads // cfg.kv_heads
         if groups > 1:
@@ -103,16 +106,23 @@ class Attention(nnx.Module):
         scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32) / math.sqrt(cfg.head_dim)
         scores = jnp.where(mask[:, None, :, :], scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out = jnp.einsum("bhqs,bshk->bqhk", probs, v)
-        out = constrain(out, ("batch", "seq", "heads", "head_dim"))
-        y = jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt))
+        return jnp.einsum("bhqs,bshk->bqhk", probs, v)
+
+    def project(self, heads: jax.Array) -> jax.Array:
+        """The output projection of the attended values [B, T, heads, head_dim] -> [B, T, d]."""
+        heads = constrain(heads, ("batch", "seq", "heads", "head_dim"))
+        y = jnp.einsum("bthk,hkd->btd", heads, self.wo[...].astype(heads.dtype))
         if self.use_bias:
-            y = y + self.bo[...].astype(dt)
+            y = y + self.bo[...].astype(heads.dtype)
         return y
 
     def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+        return self.project(self.heads(x, positions, mask))
+
+    def heads(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+        """The attended values [B, T, heads, head_dim], before the output projection."""
         q, k, v = self._qkv(x, positions)
-        return self._attend(q, k, v, mask)
+        return self._heads(q, k, v, mask)
 
     def cached(self, x: jax.Array, positions: jax.Array, cache: dict, start: jax.Array,
                first_valid: jax.Array):
@@ -172,7 +182,21 @@ class Block(nnx.Module):
         self.mlp = Mlp(cfg, rngs=rngs)
 
     def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
-        x = x + self.attn(self.attn_norm(x), positions, mask)
+        return self._mlp_residual(x + self.attn(self.attn_norm(x), positions, mask))
+
+    def at_rows(self, x: jax.Array, positions: jax.Array, mask: jax.Array, rows: jax.Array) -> jax.Array:
+        """The block's output at some slots only: x [G * M, T, d] is G groups of M sequences,
+        `rows` [G, R] picks slots of each group's M * T. Every slot's keys and values are still
+        computed (the picked slots attend to them); the output projection and the MLP run on
+        the R picked slots alone. -> [G, R, d]."""
+        heads = self.attn.heads(self.attn_norm(x), positions, mask)
+        groups = rows.shape[0]
+        pick = jax.vmap(lambda values, index: jnp.take(values, index, axis=0))  # within a group: shard-local
+        picked_x = pick(x.reshape(groups, -1, x.shape[-1]), rows)
+        picked_heads = pick(heads.reshape(groups, -1, *heads.shape[2:]), rows)
+        return self._mlp_residual(picked_x + self.attn.project(picked_heads))
+
+    def _mlp_residual(self, x: jax.Array) -> jax.Array:
         x = constrain(x, ("batch", "seq", "embed"))
         x = x + self.mlp(self.mlp_norm(x))
         return constrain(x, ("batch", "seq", "embed"))

@@ -1,8 +1,8 @@
 """SCONE: the backbone plus the f-gram model, combined at the input layer (SCONE.md section 3).
 
 The f-gram model runs once per node of the batch's prefix forest (`fgram_nodes` tokens,
-`fgram_paths`; see data/fgram_batches.py) and each position takes the output of the node
-`fgram_index` points at (-1 = no match). The gather's transpose sums the gradients of every
+`fgram_paths`; see data/fgram_batches.py) and each position takes the output
+(`fgram_outputs`) that `fgram_index` points at (-1 = no match). The gather's transpose sums the gradients of every
 position sharing a node. With deduplication each distinct prefix is one node; without it every
 matched position has its own chain. Both give the same loss and gradients.
 """
@@ -30,11 +30,11 @@ class SconeModel(nnx.Module):
         table = self.backbone.embed_table[...]
         return self.fgram(jnp.take(table, jnp.maximum(fgram_tokens, 0), axis=0), fgram_lengths)
 
-    def input_embeddings(self, tokens, fgram_index, fgram_nodes, fgram_paths) -> jax.Array:
+    def input_embeddings(self, tokens, fgram_index, fgram_nodes, fgram_paths, fgram_outputs) -> jax.Array:
         """T(s_i), with the f-gram embedding replacing or added to it where a match exists."""
         x = self.backbone.embed(tokens)
         table = self.backbone.embed_table[...]
-        outputs = self.fgram.forest(jnp.take(table, fgram_nodes, axis=0), fgram_paths).astype(x.dtype)
+        outputs = self.fgram.forest(jnp.take(table, fgram_nodes, axis=0), fgram_paths, fgram_outputs).astype(x.dtype)
         rows = outputs.reshape(-1, outputs.shape[-1])
         matched = (fgram_index >= 0)[..., None]
         gathered = constrain(jnp.take(rows, jnp.maximum(fgram_index, 0), axis=0), ("batch", "seq", "embed"))
@@ -42,6 +42,6 @@ class SconeModel(nnx.Module):
             return jnp.where(matched, gathered, x)
         return x + jnp.where(matched, gathered, jnp.zeros_like(gathered))
 
-    def __call__(self, tokens, fgram_index, fgram_nodes, fgram_paths) -> jax.Array:
-        x = self.input_embeddings(tokens, fgram_index, fgram_nodes, fgram_paths)
+    def __call__(self, tokens, fgram_index, fgram_nodes, fgram_paths, fgram_outputs) -> jax.Array:
+        x = self.input_embeddings(tokens, fgram_index, fgram_nodes, fgram_paths, fgram_outputs)
         return self.backbone.logits(self.backbone.hidden(x))

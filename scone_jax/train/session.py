@@ -18,7 +18,7 @@ from scone_jax.data.fgram_batches import (
     FgramInputs,
     global_fgram_index,
     load_or_build_fgram_set,
-    pad_blocks,
+    pad_buffers,
     prepare_fgram_inputs,
 )
 from scone_jax.data.pipeline import (
@@ -33,7 +33,7 @@ from scone_jax.dist.distributed import barrier
 from scone_jax.dist.mesh import make_mesh
 from scone_jax.dist.rules import MeshAxes, make_rules
 from scone_jax.errors import UserError
-from scone_jax.metrics.flops import ModelFlops, fgram_forward_per_node, model_flops
+from scone_jax.metrics.flops import ModelFlops, fgram_forest_forward, model_flops
 from scone_jax.model import Transformer
 from scone_jax.model.scone import SconeModel
 from scone_jax.train.optimizer import make_optimizer
@@ -69,11 +69,11 @@ class Session:
         if "fgram_index" in local_batch and jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
-            have = np.array(local_batch["fgram_nodes"].shape[1], np.int64)
-            most = int(np.max(multihost_utils.process_allgather(have)))
-            local_batch = pad_blocks(local_batch, most)
+            have = np.array([local_batch["fgram_nodes"].shape[1], local_batch["fgram_outputs"].shape[1]], np.int64)
+            blocks, outputs = np.max(multihost_utils.process_allgather(have), axis=0).tolist()
+            local_batch = pad_buffers(local_batch, blocks, outputs)
             local_batch = {**local_batch, "fgram_index": global_fgram_index(
-                local_batch["fgram_index"], local_batch["fgram_nodes"].size, jax.process_index())}
+                local_batch["fgram_index"], local_batch["fgram_outputs"].size, jax.process_index())}
         return {k: jax.make_array_from_process_local_data(sh, np.asarray(local_batch[k]))
                 for k, sh in self.batch_sharding.items()}
 
@@ -91,8 +91,8 @@ class Session:
         tokens = self.cfg.train.batch_size * self.cfg.data.seq_len
         flops = self.flops.train_per_token * tokens
         if self.fgrams is not None and batch is not None:
-            slots = batch["fgram_nodes"].size * jax.process_count()
-            flops += 3 * fgram_forward_per_node(self.cfg.fgrams, self.cfg.model) * slots
+            flops += 3 * jax.process_count() * fgram_forest_forward(
+                self.cfg.fgrams, self.cfg.model, batch["fgram_nodes"].size, batch["fgram_outputs"].size)
         return flops
 
     def train_step(self):
@@ -171,7 +171,7 @@ def open_session(cfg: Config, run_dir: Path, extra_eval: list[str] | None = None
     stream = BatchStream(WindowSource(dataset, train_ids, cfg.data.seq_len), cfg.train.batch_size,
                          seed=cfg.train.seed, process_index=jax.process_index(),
                          process_count=jax.process_count(), transform=fgrams.batcher if fgrams else None)
-    if fgrams is not None and not cfg.fgrams.capacity:
+    if fgrams is not None:
         # deterministic: the first batches of the run, whatever step a resume starts at
         fgrams.batcher.calibrate(stream.raw_batch(k) for k in range(CALIBRATION_BATCHES))
     eval_sets = _named_eval_sets(cfg, dataset, eval_ids, cfg.train.batch_size,

@@ -33,9 +33,11 @@ def batch_shardings(mesh: Mesh, rules: Mapping[str, MeshAxes], batch_size: int, 
 
 
 def node_shardings(mesh: Mesh, rules: Mapping[str, MeshAxes]) -> dict[str, NamedSharding]:
-    """The prefix forest's buffers ([G, N, B] tokens, [G, N, B, K] paths): groups over the data shards."""
+    """The prefix forest's buffers ([G, N, B] tokens, [G, N, B, K] paths, [G, R] output slots):
+    groups over the data shards."""
     return {"fgram_nodes": NamedSharding(mesh, logical_to_spec(("fgram/batch", None, None), rules)),
-            "fgram_paths": NamedSharding(mesh, logical_to_spec(("fgram/batch", None, None, None), rules))}
+            "fgram_paths": NamedSharding(mesh, logical_to_spec(("fgram/batch", None, None, None), rules)),
+            "fgram_outputs": NamedSharding(mesh, logical_to_spec(("fgram/batch", None), rules))}
 
 
 def fgram_groups(mesh: Mesh, rules: Mapping[str, MeshAxes]) -> int:
@@ -48,7 +50,7 @@ def fgram_groups(mesh: Mesh, rules: Mapping[str, MeshAxes]) -> int:
 def model_inputs(batch) -> dict:
     if "fgram_index" not in batch:
         return {}
-    return {k: batch[k] for k in ("fgram_index", "fgram_nodes", "fgram_paths")}
+    return {k: batch[k] for k in ("fgram_index", "fgram_nodes", "fgram_paths", "fgram_outputs")}
 
 
 def token_losses(handle: ModelHandle, params, batch) -> jax.Array:

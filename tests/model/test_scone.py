@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from scone_jax.config import FgramConfig, ModelConfig
-from scone_jax.data.fgram_batches import FgramBatcher, forest_layout, pad_blocks, prefix_forest
+from scone_jax.data.fgram_batches import FgramBatcher, forest_layout, pad_buffers, prefix_forest
 from scone_jax.model import Transformer
 from scone_jax.model.scone import SconeModel
 from scone_jax.train.step import model_inputs
@@ -58,10 +58,9 @@ def test_dedup_and_plain_give_the_same_loss_and_gradients(family, combine, capac
     model = SconeModel(BACKBONE[family], fcfg, VOCAB, rngs=nnx.Rngs(int(rng.integers(1 << 30))))
     set_tokens, set_lengths = random_fgram_set(rng, 30, vocab=6)
     batch, tag_ids, tag_lengths = random_batch(rng, 4, 500, 30)
-    dedup = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, block=block, capacity=capacity,
-                         groups=groups)(batch)
-    plain = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, block=block, capacity=capacity,
-                         groups=groups, dedup=False)(batch)
+    sizes = dict(block=block, capacity=capacity, output_capacity=capacity * block, groups=groups)
+    dedup = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, **sizes)(batch)
+    plain = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, dedup=False, **sizes)(batch)
     matched_ids = np.unique(dedup["fgram_ids"][dedup["fgram_ids"] >= 0])
     assert dedup["fgram_stats"]["fgram_nodes"] < set_lengths[matched_ids].sum()  # prefixes were shared
     assert plain["fgram_stats"]["fgram_nodes"] == set_lengths[plain["fgram_ids"][plain["fgram_ids"] >= 0]].sum()
@@ -73,8 +72,8 @@ def test_dedup_and_plain_give_the_same_loss_and_gradients(family, combine, capac
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     fgram_grads = jax.tree.leaves(ga["fgram"])
     assert any(np.abs(np.asarray(g)).max() > 0 for g in fgram_grads)  # the f-gram path is trained
-    # a host padding its buffer to another host's size (pad_blocks) computes the same loss
-    padded = pad_blocks(dedup, dedup["fgram_nodes"].shape[1] + 2)
+    # a host padding its buffers to another host's sizes (pad_buffers) computes the same loss
+    padded = pad_buffers(dedup, dedup["fgram_nodes"].shape[1] + 2, dedup["fgram_outputs"].shape[1] + 3)
     np.testing.assert_allclose(loss_and_grads(model, padded)[0], la, rtol=1e-6)
 
 
@@ -125,13 +124,18 @@ def test_prefix_forest_has_one_node_per_distinct_prefix(groups, block, rng):
         path = paths[g, n, c][paths[g, n, c] >= 0]
         assert path[-1] == c and np.all(path < block)
         assert len(path) == 1 or tuple(nodes[g, n, path]) in expected
-    for i, slot in enumerate(out["fgram_index"][0]):  # each position's node spells its f-gram
-        g, n, c = np.unravel_index(int(slot), paths.shape[:3])
+    outputs = out["fgram_outputs"]
+    assert outputs.shape[0] == groups
+    for i, index in enumerate(out["fgram_index"][0]):  # each position's output node spells its f-gram
+        g, r = divmod(int(index), outputs.shape[1])
+        n, c = divmod(int(outputs[g, r]), block)
         path = paths[g, n, c][paths[g, n, c] >= 0]
         assert nodes[g, n, path].tolist() == set_tokens[i, :set_lengths[i]].tolist()
+    assert len(np.unique(out["fgram_index"])) == len(set_tokens)  # one output per row
     layout = forest_layout(forest, groups, block)
-    used = np.unique(layout.slot // block)
-    assert len(used) == greedy_block_count(forest, block)
+    group, rank = np.divmod(layout.output, layout.outputs.shape[1])
+    used = np.unique(group * layout.tokens.shape[1] + layout.outputs[group, rank] // block)
+    assert len(used) == greedy_block_count(forest, block)  # every block holds an output
     per_group = np.bincount(used // layout.tokens.shape[1], minlength=groups)
     assert per_group.max() - per_group.min() <= 1 and per_group.max() == layout.need
 
@@ -146,7 +150,7 @@ def test_forest_equals_the_fgram_model_on_each_fgram_alone(family, rng):
         {"positions": np.arange(60)[None]})
     table = model.backbone.embed_table[...]
     forest = model.fgram.forest(jnp.take(table, jnp.asarray(out["fgram_nodes"]), axis=0),
-                                jnp.asarray(out["fgram_paths"]))
+                                jnp.asarray(out["fgram_paths"]), jnp.asarray(out["fgram_outputs"]))
     rows = np.asarray(forest).reshape(-1, forest.shape[-1])[out["fgram_index"][0]]
     alone = model.fgram_embeddings(jnp.asarray(set_tokens, jnp.int32), jnp.asarray(set_lengths, jnp.int32))
     np.testing.assert_allclose(rows, np.asarray(alone), rtol=1e-5, atol=1e-6)
@@ -180,11 +184,11 @@ def test_fgram_embedding_does_not_depend_on_the_window(rng):
     tokens_b = rng.integers(0, VOCAB, (1, T)).astype(np.int32)
     index_a = np.full((1, T), -1, np.int32)
     index_b = index_a.copy()
-    forest = prefix_forest(fgram, np.array([3]), share_prefixes=True)  # nodes 5, 5 9, 5 9 2
-    index_a[0, 3] = index_b[0, 11] = forest.node_of_row[0]
-    nodes, paths = jnp.asarray(forest.tokens[None], jnp.int32), jnp.asarray(forest.paths[None], jnp.int32)
-    ea = model.input_embeddings(jnp.asarray(tokens_a), jnp.asarray(index_a), nodes, paths)
-    eb = model.input_embeddings(jnp.asarray(tokens_b), jnp.asarray(index_b), nodes, paths)
+    layout = forest_layout(prefix_forest(fgram, np.array([3]), share_prefixes=True), 1, K)  # 5, 5 9, 5 9 2
+    index_a[0, 3] = index_b[0, 11] = layout.output[0]
+    buffers = [jnp.asarray(x) for x in (layout.tokens, layout.paths, layout.outputs)]
+    ea = model.input_embeddings(jnp.asarray(tokens_a), jnp.asarray(index_a), *buffers)
+    eb = model.input_embeddings(jnp.asarray(tokens_b), jnp.asarray(index_b), *buffers)
     np.testing.assert_array_equal(np.asarray(ea[0, 3]), np.asarray(eb[0, 11]))
     # right padding beyond the f-gram's length (the export's K-wide form) does not matter either
     lengths = jnp.asarray([3], jnp.int32)
