@@ -31,7 +31,7 @@ class TableLookup:
     Host and disk tiers send the batch's distinct rows ([U, d], U rounded up to `granule`
     so shapes repeat) and an index into them; the device tier sends row ids instead and
     gathers from its resident table inside jit. A decode step (`prepare_step`) sends one
-    row per sequence instead, in sequence order.
+    row per sequence instead, in sequence order (zero where there is no match).
     """
 
     table: Table
@@ -57,12 +57,16 @@ class TableLookup:
 
         This runs between two device steps with cold caches, where every numpy call costs
         several microseconds, so it makes the fewest: no deduplication or padding ([B] is a
-        fixed shape; a repeated row costs a copy, not a fetch) and the index is built in jit.
+        fixed shape; a repeated row costs a copy, not a fetch), and one array crosses to the
+        device: the rows, with zeros where there is no match (the device tier: the ids).
         """
-        row_ids = np.maximum(fgram_ids, 0)
         if isinstance(self.table, DeviceTable):
-            return {"fgram_step_ids": fgram_ids, "fgram_row_ids": row_ids}
-        return {"fgram_step_ids": fgram_ids, "fgram_rows": self.table.gather(row_ids)}
+            return {"fgram_step_ids": fgram_ids}
+        rows = self.table.gather(np.maximum(fgram_ids, 0))
+        unmatched = fgram_ids < 0
+        if unmatched.any():
+            rows[unmatched] = 0
+        return {"fgram_step_rows": rows}
 
     def rows_on_device(self, prepared: dict[str, jax.Array]) -> jax.Array:
         """Inside jit: the [U, d] rows the index points into."""
@@ -72,12 +76,13 @@ class TableLookup:
 
     def add_rows(self, x: jax.Array, prepared: dict[str, jax.Array]) -> jax.Array:
         """Inside jit: x [B, T, d] plus the table's row at each matched position."""
-        if "fgram_step_ids" in prepared:  # a decode step: row b's row is rows[b]
+        if "fgram_step_rows" in prepared:  # a decode step: row b is sequence b's
+            return x + prepared["fgram_step_rows"][:, None, :].astype(x.dtype)
+        if "fgram_step_ids" in prepared:  # the same from the device tier's table
             ids = prepared["fgram_step_ids"]
             index = jnp.where(ids >= 0, jnp.arange(ids.shape[0], dtype=jnp.int32), -1)[:, None]
-        else:
-            index = prepared["fgram_index"]
-        return add_table_rows(x, index, self.rows_on_device(prepared))
+            return add_table_rows(x, index, jnp.take(self.table.device_rows, jnp.maximum(ids, 0), axis=0))
+        return add_table_rows(x, prepared["fgram_index"], self.rows_on_device(prepared))
 
 
 def prefetch_prepared(items: Iterable, prepare: Callable, depth: int = 2) -> Iterator:
