@@ -1,9 +1,9 @@
 """`scone-jax export`: run the f-gram model over every f-gram and write the [S, d] table.
 
 F-grams are processed in row ranges (the unit of resumption); inside a range they are taken in
-lexicographic order, `batch_rows` at a time, as a prefix forest (data/fgram_batches.py), so a
-prefix shared by many f-grams is computed once, as in training. Forests are sharded over the
-data axes of the mesh. In replace mode the stored row is F(w) - T(last token of w), so the input
+lexicographic order, `batch_rows` at a time, as prefix forests (data/fgram_batches.py), so a
+prefix shared by many f-grams is computed once, as in training: one forest per data shard of
+the mesh, of its consecutive rows. In replace mode the stored row is F(w) - T(last token of w), so the input
 layer at inference is the same lookup-and-add in both modes (SCONE.md section 3).
 
 In a multi-process job each process restores the checkpoint onto its own devices, computes and
@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from scone_jax.atomic import replace_dir, storage_errors
 from scone_jax.checksums import MANIFEST, manifest
-from scone_jax.data.fgram_batches import forest_layout, prefix_forest, round_up
+from scone_jax.data.fgram_batches import empty_buffers, forest_layout, prefix_forest, round_up
 from scone_jax.dist.distributed import barrier
 from scone_jax.dist.rules import activation_sharding, logical_to_spec
 from scone_jax.errors import UserError
@@ -84,23 +84,38 @@ def compute_range(fn, params, fgram_set: FgramSet, a: int, b: int, batch_rows: i
     sharing a prefix meet in one forest and the prefix is computed once."""
     tokens, lengths = np.asarray(fgram_set.tokens[a:b]), np.asarray(fgram_set.lengths[a:b])
     order = np.lexsort(tokens.T[::-1])
-    granule = max(batch_rows // (4 * groups * block), 1)
-    outputs = round_up(-(-batch_rows // groups) + block, block)  # a group's blocks hold its rows, give or take one
     out = None
     for c in range(0, len(order), batch_rows):
         part = order[c:c + batch_rows]
-        forest = prefix_forest(tokens[part], lengths[part], share_prefixes=True)
-        layout = forest_layout(forest, groups, block, granule, min_outputs=outputs)
-        row_outputs = np.zeros(batch_rows, np.int32)
-        row_outputs[:len(part)] = layout.output
+        buffers, row_outputs = group_forests(tokens[part], lengths[part], groups, -(-batch_rows // groups), block)
         last = np.zeros(batch_rows, np.int32)
         last[:len(part)] = tokens[part, lengths[part] - 1]
+        padded_outputs = np.zeros(batch_rows, np.int32)
+        padded_outputs[:len(part)] = row_outputs
         rows = np.asarray(jax.device_get(fn(params, *(jax.device_put(x, sh) for x, sh in zip(
-            (layout.tokens, layout.paths, layout.outputs, row_outputs, last), shardings, strict=True)))))
+            (*buffers, padded_outputs, last), shardings, strict=True)))))
         if out is None:
             out = np.empty((b - a, rows.shape[1]), np.float32)
         out[part] = rows[:len(part)]
     return out
+
+
+def group_forests(tokens: np.ndarray, lengths: np.ndarray, groups: int, rows_per_group: int, block: int):
+    """Each group's own forest, of its `rows_per_group` consecutive rows: (node tokens, paths,
+    output slots) for the f-gram model and each row's place in the outputs. A row's blocks then
+    depend only on the rows of its group, so a process exporting with fewer groups (and as many
+    rows per group) lays every row out, and computes it, exactly as the whole mesh does."""
+    layouts = [forest_layout(prefix_forest(tokens[i:i + rows_per_group], lengths[i:i + rows_per_group], True),
+                             1, block, min_outputs=round_up(rows_per_group, block))
+               for i in range(0, groups * rows_per_group, rows_per_group)]
+    blocks = max(layout.tokens.shape[1] for layout in layouts)
+    node_tokens, paths = empty_buffers(groups, blocks, block, tokens.shape[1])
+    for g, layout in enumerate(layouts):
+        node_tokens[g, :layout.tokens.shape[1]] = layout.tokens[0]
+        paths[g, :layout.paths.shape[1]] = layout.paths[0]
+    outputs = np.concatenate([layout.outputs for layout in layouts])
+    row_outputs = np.concatenate([layout.output + g * outputs.shape[1] for g, layout in enumerate(layouts)])
+    return (node_tokens, paths, outputs), row_outputs
 
 
 def row_ranges(num_rows: int, range_rows: int) -> list[tuple[int, int]]:
