@@ -28,7 +28,7 @@ def measure(preset: str, rounds: int, workdir) -> dict:
     train_ids, _ = split_documents(dataset.num_docs, cfg.data.eval_fraction, cfg.data.seed)
     positions = cfg.train.batch_size * cfg.data.seq_len
     window = WindowSource(dataset, train_ids, cfg.data.seq_len)
-    out = {"preset": preset, "source": source}
+    out = {"preset": preset, "source": source, "block": cfg.fgrams.block_size}
     steps = {}
     for mode in ("baseline", "dedup", "plain"):
         scone = mode != "baseline"
@@ -114,8 +114,9 @@ def run(quick: bool = False) -> str:
         "positions, f-grams sharing a prefix share its positions too: the batch's f-grams form a prefix forest "
         "and each distinct prefix is one node (\"tokens of the distinct f-grams\" is what computing each "
         "distinct f-gram alone would cost, \"prefix nodes\" what the forest costs). Nodes are laid out "
-        "depth-first in blocks of 32 slots, attention dense within a block, so slots add the ancestors copied "
-        "at block starts and the static buffer's headroom; the last layer's output projection and MLP run on "
+        f"depth-first in blocks of {results[0]['block']} slots, attention dense within a block, so slots add the "
+        "ancestors copied at block starts and the static buffer's headroom; the last layer's output projection "
+        "and MLP run on "
         "the output nodes only (\"output slots\"). Plain computes one chain per matched position. On these "
         "small CPU batches the distinct ratio stays high (few repeats within 16 windows); it falls as batches "
         "grow, which is where the paper's setting (512 x 1024 tokens per batch) sits.",

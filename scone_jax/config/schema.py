@@ -87,7 +87,7 @@ class FgramConfig:
     n_heads: int = 0  # 0 = backbone's heads when widths match, else d_model // 64
     combine: str = "replace"  # replace (the paper) | add
     dedup: bool = True  # compute each distinct f-gram of a batch once
-    capacity: int = 0  # f-gram model node slots per data shard before they grow; 0 = calibrate
+    capacity: int = 0  # f-gram model node slots per data shard (whole blocks) before they grow; 0 = calibrate
     block_size: int = 32  # node slots per attention block of the prefix forest (>= max_n)
 
     def validate(self) -> None:

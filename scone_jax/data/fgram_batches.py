@@ -13,11 +13,13 @@ Nodes are laid out depth-first in blocks of B slots (`fgram_nodes` [G, N, B], `f
 [G, N, B, K] as slots within the block); a block's first slots repeat the ancestors of its
 first node, so every path stays inside its block and the f-gram model runs each block as a
 short sequence with an ancestry mask (model/fgram_model.py): dense, gather-free attention.
-`fgram_index` [B, T] points each position at the node of its full f-gram (-1 = no match).
-Blocks are dealt round-robin to G groups, one per data shard of the host, so attention never
-leaves a shard. Buffers are static: N blocks per group, calibrated on early batches; a batch
-that needs more gets the next multiple of `granule` that fits (an overflow, counted in the
-stats: one recompile per new size, always exact). Sizes depend on the batch alone, so a
+The nodes whose output some position reads (one per distinct f-gram) are listed per group in
+`fgram_outputs` [G, R], and `fgram_index` [batch, T] points each position into those G * R
+outputs (-1 = no match). Blocks are dealt round-robin to G groups, one per data shard of the
+host, so attention never leaves a shard. Buffers are static: N blocks and R outputs per group,
+calibrated on early batches; a batch that needs more gets the next multiple of `granule`
+blocks (or `granule` blocks' worth of outputs) that fits (an overflow, counted in the stats:
+one recompile per new size, always exact). Sizes depend on the batch alone, so a
 resumed run sees the same shapes as an uninterrupted one.
 """
 
@@ -124,7 +126,7 @@ def forest_layout(forest: PrefixForest, groups: int, block: int, granule: int = 
     rounded up to `granule`, and at least `min_blocks` (a calibrated capacity). Padding slots
     are a one-token f-gram of token 0 whose output nobody reads. The rows' nodes (distinct:
     each row is a different f-gram) are each group's outputs, R of them: the fullest group's
-    count rounded up to `block`, and at least `min_outputs`."""
+    count rounded up to `granule` blocks' worth, and at least `min_outputs`."""
     n, k = forest.paths.shape
     if block < k:
         raise ValueError(f"block={block} slots cannot hold an f-gram of {k} tokens")
@@ -167,7 +169,7 @@ def forest_layout(forest: PrefixForest, groups: int, block: int, granule: int = 
     row_group = row_slot // (blocks * block)
     counts = np.bincount(row_group, minlength=groups)
     need_outputs = int(counts.max()) if len(row_slot) else 0
-    width = max(min_outputs, round_up(max(need_outputs, 1), block))
+    width = max(min_outputs, round_up(max(need_outputs, 1), granule * block))
     order = np.argsort(row_slot, kind="stable")
     rank = np.empty(len(row_slot), np.int64)
     rank[order] = np.arange(len(row_slot)) - (np.cumsum(counts) - counts)[row_group[order]]
@@ -211,7 +213,7 @@ class FgramBatcher:
         if not self.capacity:
             self.capacity = round_up(max(int(max((x.need for x in layouts), default=0) * headroom), 1), self.granule)
         peak_outputs = max((x.need_outputs for x in layouts), default=0)
-        self.output_capacity = round_up(max(int(peak_outputs * headroom), 1), self.block)
+        self.output_capacity = round_up(max(int(peak_outputs * headroom), 1), self.granule * self.block)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Add `fgram_index` [B, T], the forest's buffers `fgram_nodes`/`fgram_paths`/`fgram_outputs`,
@@ -316,7 +318,7 @@ def prepare_fgram_inputs(cfg: FgramConfig, dataset: TokenizedDataset, train_ids:
     return FgramInputs(fgram_set=fgram_set, batcher=batcher)
 
 
-def global_fgram_index(index: np.ndarray, slots_per_host: int, process_index: int) -> np.ndarray:
-    """Host-local node slots -> slots of the global buffer, the hosts' buffers (each padded
+def global_fgram_index(index: np.ndarray, outputs_per_host: int, process_index: int) -> np.ndarray:
+    """Host-local output slots -> slots of the global outputs, the hosts' buffers (each padded
     to the same size) stacked in process order."""
-    return np.where(index >= 0, index + process_index * slots_per_host, -1).astype(np.int32)
+    return np.where(index >= 0, index + process_index * outputs_per_host, -1).astype(np.int32)

@@ -61,8 +61,8 @@ from scone_jax.train.step import fgram_groups, node_shardings
 
 def fgram_rows_fn(run: RunParams, combine: str):
     """jit: (params, node tokens [G, N, B], paths [G, N, B, K], output slots [G, O], each row's
-    output [R], last tokens [R]) -> the table rows [R] x d in float32, from one prefix forest of
-    f-grams."""
+    output [R], last tokens [R]) -> the table rows [R] x d in float32, from G prefix forests of
+    f-grams (`group_forests`)."""
     handle, mesh, rules = run.handle, run.mesh, run.rules
 
     def rows(params, node_tokens, paths, outputs, row_outputs, last_tokens):
@@ -81,7 +81,7 @@ def fgram_rows_fn(run: RunParams, combine: str):
 def compute_range(fn, params, fgram_set: FgramSet, a: int, b: int, batch_rows: int, groups: int,
                   block: int, shardings) -> np.ndarray:
     """The rows of f-grams a..b-1, `batch_rows` at a time in lexicographic order, so that f-grams
-    sharing a prefix meet in one forest and the prefix is computed once."""
+    sharing a prefix meet in one group's forest and the prefix is computed once there."""
     tokens, lengths = np.asarray(fgram_set.tokens[a:b]), np.asarray(fgram_set.lengths[a:b])
     order = np.lexsort(tokens.T[::-1])
     out = None
@@ -104,11 +104,13 @@ def group_forests(tokens: np.ndarray, lengths: np.ndarray, groups: int, rows_per
     """Each group's own forest, of its `rows_per_group` consecutive rows: (node tokens, paths,
     output slots) for the f-gram model and each row's place in the outputs. A row's blocks then
     depend only on the rows of its group, so a process exporting with fewer groups (and as many
-    rows per group) lays every row out, and computes it, exactly as the whole mesh does."""
+    rows per group) lays every row out as the whole mesh does (the block count N, the fullest
+    group's rounded up to a granule, can still differ between process counts)."""
     layouts = [forest_layout(prefix_forest(tokens[i:i + rows_per_group], lengths[i:i + rows_per_group], True),
                              1, block, min_outputs=round_up(rows_per_group, block))
                for i in range(0, groups * rows_per_group, rows_per_group)]
-    blocks = max(layout.tokens.shape[1] for layout in layouts)
+    granule = max(rows_per_group // (4 * block), 1)  # few distinct shapes: few compiles
+    blocks = round_up(max(layout.tokens.shape[1] for layout in layouts), granule)
     node_tokens, paths = empty_buffers(groups, blocks, block, tokens.shape[1])
     for g, layout in enumerate(layouts):
         node_tokens[g, :layout.tokens.shape[1]] = layout.tokens[0]

@@ -54,9 +54,9 @@ class FgramModel(nnx.Module):
 
         Each block runs as a sequence of B slots in which a node attends to its path only: a node
         at depth m sees exactly what position m of its f-gram sees under a causal mask, so this
-        equals running every f-gram alone, with shared prefixes computed once. Only the last
-        layer's keys and values are needed of the other nodes, so its output projection and MLP
-        run on the output nodes alone.
+        equals running every f-gram alone, with shared prefixes computed once (the ancestors
+        repeated at a block's start are computed again). The other nodes' last-layer outputs are
+        never read, so that layer's output projection and MLP run on the output nodes alone.
         """
         with axis_namespace("fgram/"):
             block, k = paths.shape[-2:]

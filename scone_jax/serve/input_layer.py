@@ -31,7 +31,8 @@ class TableLookup:
     Host and disk tiers send the batch's distinct rows ([U, d], U rounded up to `granule`
     so shapes repeat) and an index into them; the device tier sends row ids instead and
     gathers from its resident table inside jit. A decode step (`prepare_step`) sends one
-    row per sequence instead, in sequence order (zero where there is no match).
+    row per sequence instead, in sequence order (zero where there is no match; the device
+    tier sends the ids).
     """
 
     table: Table

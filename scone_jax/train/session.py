@@ -63,8 +63,9 @@ class Session:
     def to_global(self, local_batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         """Process-local rows -> global arrays sharded over the data axes.
 
-        With several processes, every host's node buffer is padded to the largest one (all
-        must agree on shapes), and positions point into their own host's slice of it.
+        With several processes, every host's forest buffers (blocks and outputs) are padded to
+        the largest (all must agree on shapes), and positions point into their own host's slice
+        of the outputs.
         """
         if "fgram_index" in local_batch and jax.process_count() > 1:
             from jax.experimental import multihost_utils
