@@ -115,6 +115,16 @@ def empty_buffers(groups: int, blocks: int, block: int, k: int) -> tuple[np.ndar
     return tokens, paths
 
 
+def grow_blocks(tokens: np.ndarray, paths: np.ndarray, blocks: int) -> tuple[np.ndarray, np.ndarray]:
+    """Node buffers [G, N, B] / [G, N, B, K] grown to `blocks` blocks per group, padding blocks
+    added after each group's own, so its slots keep their numbers."""
+    groups, have, block, k = paths.shape
+    grown_tokens, grown_paths = empty_buffers(groups, blocks, block, k)
+    grown_tokens[:, :have] = tokens
+    grown_paths[:, :have] = paths
+    return grown_tokens, grown_paths
+
+
 def forest_layout(forest: PrefixForest, groups: int, block: int, granule: int = 1,
                   min_blocks: int = 0, min_outputs: int = 0) -> ForestLayout:
     """Lay the forest out in blocks of `block` slots that attention never leaves.
@@ -244,13 +254,9 @@ class FgramBatcher:
 
 def pad_buffers(batch: dict[str, np.ndarray], blocks: int, outputs: int) -> dict[str, np.ndarray]:
     """Grow each group's buffers to `blocks` blocks and `outputs` output slots (so every host of
-    a job uses the same shapes), re-pointing `fgram_index` into the new outputs. Blocks are
-    added after the group's own, so its slots keep their numbers."""
-    groups, have, block, k = batch["fgram_paths"].shape
-    have_outputs = batch["fgram_outputs"].shape[1]
-    tokens, paths = empty_buffers(groups, blocks, block, k)
-    tokens[:, :have] = batch["fgram_nodes"]
-    paths[:, :have] = batch["fgram_paths"]
+    a job uses the same shapes), re-pointing `fgram_index` into the new outputs."""
+    tokens, paths = grow_blocks(batch["fgram_nodes"], batch["fgram_paths"], blocks)
+    groups, have_outputs = batch["fgram_outputs"].shape
     slots = np.zeros((groups, outputs), np.int32)
     slots[:, :have_outputs] = batch["fgram_outputs"]
     index = batch["fgram_index"]

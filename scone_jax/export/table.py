@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from scone_jax.atomic import replace_dir, storage_errors
 from scone_jax.checksums import MANIFEST, manifest
-from scone_jax.data.fgram_batches import empty_buffers, forest_layout, prefix_forest, round_up
+from scone_jax.data.fgram_batches import forest_layout, grow_blocks, prefix_forest, round_up
 from scone_jax.dist.distributed import barrier
 from scone_jax.dist.rules import activation_sharding, logical_to_spec
 from scone_jax.errors import UserError
@@ -111,10 +111,8 @@ def group_forests(tokens: np.ndarray, lengths: np.ndarray, groups: int, rows_per
                for i in range(0, groups * rows_per_group, rows_per_group)]
     granule = max(rows_per_group // (4 * block), 1)  # few distinct shapes: few compiles
     blocks = round_up(max(layout.tokens.shape[1] for layout in layouts), granule)
-    node_tokens, paths = empty_buffers(groups, blocks, block, tokens.shape[1])
-    for g, layout in enumerate(layouts):
-        node_tokens[g, :layout.tokens.shape[1]] = layout.tokens[0]
-        paths[g, :layout.paths.shape[1]] = layout.paths[0]
+    grown = [grow_blocks(layout.tokens, layout.paths, blocks) for layout in layouts]
+    node_tokens, paths = (np.concatenate(parts) for parts in zip(*grown, strict=True))
     outputs = np.concatenate([layout.outputs for layout in layouts])
     row_outputs = np.concatenate([layout.output + g * outputs.shape[1] for g, layout in enumerate(layouts)])
     return (node_tokens, paths, outputs), row_outputs

@@ -95,10 +95,7 @@ class Attention(nnx.Module):
         return q, k, v
 
     def _attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-        """softmax(q k^T / sqrt(d)) v over keys allowed by `mask` [B or 1, Tq, Tk], then the output projection."""
-        return self.project(self._heads(q, k, v, mask))
-
-    def _heads(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+        """softmax(q k^T / sqrt(d)) v over keys allowed by `mask` [B or 1, Tq, Tk], per head."""
         cfg, dt = self.cfg, q.dtype
         groups = cfg.n_heads // cfg.kv_heads
         if groups > 1:
@@ -122,7 +119,7 @@ class Attention(nnx.Module):
     def heads(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
         """The attended values [B, T, heads, head_dim], before the output projection."""
         q, k, v = self._qkv(x, positions)
-        return self._heads(q, k, v, mask)
+        return self._attend(q, k, v, mask)
 
     def cached(self, x: jax.Array, positions: jax.Array, cache: dict, start: jax.Array,
                first_valid: jax.Array):
@@ -138,7 +135,7 @@ class Attention(nnx.Module):
         key_pos = jnp.arange(k_all.shape[1])
         mask = ((key_pos[None, None, :] <= (start + jnp.arange(x.shape[1]))[None, :, None])
                 & (key_pos[None, None, :] >= first_valid[:, None, None]))
-        y = self._attend(q, k_all.astype(q.dtype), v_all.astype(q.dtype), mask)
+        y = self.project(self._attend(q, k_all.astype(q.dtype), v_all.astype(q.dtype), mask))
         return y, {"k": k_all, "v": v_all}
 
 

@@ -117,14 +117,15 @@ def train(cfg: Config) -> dict:
         with stop_on_signals() as received:
             while step < total:
                 batch = next(batches)
-                state, metrics = train_step(state, session.to_global(batch))
+                global_batch = session.to_global(batch)
+                state, metrics = train_step(state, global_batch)
                 metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
                 if "fgram_stats" in batch:
                     overflows += batch["fgram_stats"]["fgram_overflow"]
                     metrics.update(batch["fgram_stats"], fgram_overflow=overflows)
                 step += 1
                 window_steps += 1
-                metrics["step_flops"] = session.flops_per_step(batch)
+                metrics["step_flops"] = session.flops_per_step(global_batch)
                 window_flops += metrics["step_flops"]
                 if step == start + 1:  # the first step includes compilation: keep it out of timings
                     window_start, window_steps, window_flops = time.perf_counter(), 0, 0.0

@@ -87,13 +87,14 @@ class Session:
                         fgram_set_fingerprint=self.fgrams.fgram_set.fingerprint)
         return info
 
-    def flops_per_step(self, batch: dict[str, np.ndarray] | None = None) -> float:
-        """Training FLOPs of one step; the f-gram model counts on the node slots computed."""
+    def flops_per_step(self, batch: dict | None = None) -> float:
+        """Training FLOPs of one step; the f-gram model counts on the slots of the global
+        batch's forest buffers (`to_global`), padding included: what is computed."""
         tokens = self.cfg.train.batch_size * self.cfg.data.seq_len
         flops = self.flops.train_per_token * tokens
         if self.fgrams is not None and batch is not None:
-            flops += 3 * jax.process_count() * fgram_forest_forward(
-                self.cfg.fgrams, self.cfg.model, batch["fgram_nodes"].size, batch["fgram_outputs"].size)
+            flops += 3 * fgram_forest_forward(self.cfg.fgrams, self.cfg.model, batch["fgram_nodes"].size,
+                                              batch["fgram_outputs"].size)
         return flops
 
     def train_step(self):
