@@ -49,6 +49,7 @@ def test_single_string_becomes_list():
     (["mesh.data=-1", "mesh.tensor=-1"], "at most one axis may be -1"),
     (["train.steps"], "key=value"),
     (["data.seq_len=4096"], "exceeds model.max_seq_len"),
+    (["fgrams.max_n=5", "fgrams.block_size=4"], "fgrams.block_size=4 (expected >= fgrams.max_n=5)"),
 ])
 def test_bad_values_are_one_line_user_errors(overrides, needle):
     with pytest.raises(UserError) as e:
