@@ -1,11 +1,6 @@
 """Export: the table equals the live f-gram model, resumes after a kill, and is checked on open."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -18,8 +13,9 @@ from scone_jax.export.checkpoint_params import load_run_params
 from scone_jax.export.table import export_table
 from scone_jax.fgrams.store import FgramSet
 from scone_jax.serve.tables import open_table
+from tests.reliability.faults import faulty_cli, finish, wait_for_hang
 from tests.scone_run import train_scone_run
-from tests.train.helpers import REPO, cli_run
+from tests.train.helpers import cli_run
 
 
 @pytest.fixture(scope="module")
@@ -88,19 +84,12 @@ def test_export_killed_midway_resumes_to_the_same_table(run):
     run_dir, root = run
     export_table(run_dir, str(root / "straight"), progress=False, range_rows=50, batch_rows=64)
     url = root / "resumed"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-    args = [sys.executable, "-m", "scone_jax.cli.main", "export", str(run_dir), "--out", str(url),
-            "--range-rows", "50", "--batch-rows", "64", "--no-progress"]
-    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    args = ["export", str(run_dir), "--out", str(url), "--range-rows", "50", "--batch-rows", "64", "--no-progress"]
+    proc = faulty_cli(args, hang_after_call=("scone_jax.export.table.write_json", 2))  # 2 ranges written
+    wait_for_hang(proc)
+    proc.kill()
+    finish(proc)
     progress = root / "resumed.partial" / "progress.json"
-    deadline = time.time() + 180
-    while time.time() < deadline and proc.poll() is None:
-        if progress.exists() and len(json.loads(progress.read_text() or '{"done": []}')["done"]) >= 2:
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "export finished before it could be killed"
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate()
     with pytest.raises(UserError, match="not a complete f-gram table"):
         open_table(str(url), "host")  # no reader opens a half-written table
     assert not url.exists()
@@ -108,7 +97,7 @@ def test_export_killed_midway_resumes_to_the_same_table(run):
     with pytest.raises(UserError, match=r"has another shard_rows .* rerun with the same options"):
         export_table(run_dir, str(url), progress=False, range_rows=50, batch_rows=64, shard_rows=512)
     assert len(json.loads(progress.read_text())["done"]) == done_before  # the partial table is kept
-    res = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    res = finish(faulty_cli(args))
     assert res.returncode == 0, res.stderr[-2000:]
     a = open_table(str(root / "straight"), "host")
     b = open_table(str(url), "host")

@@ -1,8 +1,9 @@
 """Fault injection for the reliability suite: kills, flipped bytes, a full disk, and a tally.
 
 In-process faults patch Python's file writes; faults in another process go through
-`faulty_cli` (kill at the N-th write under a path, or RLIMIT_FSIZE, which also stops native
-writers such as tensorstore).
+`faulty_cli` (kill at the N-th write under a path; RLIMIT_FSIZE, which also stops native
+writers such as tensorstore; or a hang after the N-th call of a function, for a kill at a
+known point of a job whose speed the test must not depend on).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from scone_jax.config import load_config, save_config
+from tests.reliability.faulty_cli import HANG_MESSAGE
 from tests.train.helpers import REPO
 
 TALLY = Counter()  # faults injected, restarts survived, artifacts checked intact, ... (see conftest)
@@ -40,7 +42,8 @@ def fault_env(devices: int, compile_cache: bool) -> dict[str, str]:
 
 def faulty_cli(args: list[str], *, devices: int = 8, compile_cache: bool = False,
                kill_at_write: tuple[Path, int] | None = None, count_writes: Path | None = None,
-               file_size_limit: int | None = None) -> subprocess.Popen:
+               file_size_limit: int | None = None, hang_after_call: tuple[str, int] | None = None
+               ) -> subprocess.Popen:
     """Start `scone-jax ARGS` in a fresh process on `devices` fake CPU devices, with the faults
     given armed (see faulty_cli.py).
 
@@ -54,6 +57,8 @@ def faulty_cli(args: list[str], *, devices: int = 8, compile_cache: bool = False
         faults += ["--count-writes", str(count_writes)]
     if file_size_limit is not None:
         faults += ["--file-size-limit", str(file_size_limit)]
+    if hang_after_call:
+        faults += ["--hang-after-call", hang_after_call[0], str(hang_after_call[1])]
     return subprocess.Popen([sys.executable, "-m", "tests.reliability.faulty_cli", *faults, "--", *args], cwd=REPO,
                             env=fault_env(devices, compile_cache), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -62,6 +67,14 @@ def faulty_cli(args: list[str], *, devices: int = 8, compile_cache: bool = False
 def finish(proc: subprocess.Popen, timeout: float = 300) -> subprocess.CompletedProcess:
     out, err = proc.communicate(timeout=timeout)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def wait_for_hang(proc: subprocess.Popen) -> None:
+    """Read the process's stderr until `faulty_cli --hang-after-call` says it has stopped."""
+    for line in proc.stderr:
+        if line.startswith(HANG_MESSAGE):
+            return
+    raise AssertionError(f"the process ended ({proc.wait()}) before its armed hang")
 
 
 def writes_seen(stderr: str) -> list[str]:

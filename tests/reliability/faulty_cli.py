@@ -5,6 +5,9 @@
     --count-writes PREFIX      print `fault: write #k PATH` for each such write, and run normally
     --file-size-limit BYTES    RLIMIT_FSIZE: the kernel refuses any write that would grow a file
                                past BYTES (EFBIG), in Python and in native code (tensorstore)
+    --hang-after-call FUNC N   stop for good after the N-th call of FUNC (`module.attribute`, as
+                               the caller looks it up) returns, printing `fault: hanging ...`: the
+                               test then kills the process at a known point, however fast it runs
 
 Writes are printed to stderr as they happen, so a failing test shows where it killed.
 """
@@ -13,12 +16,15 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import importlib
 import io
 import os
 import resource
 import shutil
 import signal
 import sys
+
+HANG_MESSAGE = "fault: hanging"
 
 
 def _path_of(target) -> str:
@@ -70,6 +76,25 @@ def arm_write_hooks(prefix: str, kill_at: int | None) -> None:
     os.replace, os.rename, os.unlink, os.remove, shutil.rmtree = replace, rename, unlink, unlink, rmtree
 
 
+def arm_hang(function: str, after: int) -> None:
+    """Replace `module.attribute` with a wrapper that never returns from its `after`-th call."""
+    module_name, name = function.rsplit(".", 1)
+    module = importlib.import_module(module_name)
+    real, calls = getattr(module, name), 0
+
+    def hanging(*args, **kwargs):
+        nonlocal calls
+        result = real(*args, **kwargs)
+        calls += 1
+        if calls == after:
+            print(f"{HANG_MESSAGE} after call #{calls} of {function}", file=sys.stderr, flush=True)
+            while True:
+                signal.pause()
+        return result
+
+    setattr(module, name, hanging)
+
+
 def main() -> int:
     argv = sys.argv[1:]
     split = argv.index("--")
@@ -77,6 +102,7 @@ def main() -> int:
     parser.add_argument("--kill-at-write", nargs=2, metavar=("PREFIX", "N"))
     parser.add_argument("--count-writes", metavar="PREFIX")
     parser.add_argument("--file-size-limit", type=int, metavar="BYTES")
+    parser.add_argument("--hang-after-call", nargs=2, metavar=("FUNC", "N"))
     faults = parser.parse_args(argv[:split])
     if faults.file_size_limit is not None:  # Python ignores SIGXFSZ, so the write fails with EFBIG
         resource.setrlimit(resource.RLIMIT_FSIZE, (faults.file_size_limit, resource.RLIM_INFINITY))
@@ -84,6 +110,8 @@ def main() -> int:
         arm_write_hooks(faults.kill_at_write[0], int(faults.kill_at_write[1]))
     elif faults.count_writes:
         arm_write_hooks(faults.count_writes, None)
+    if faults.hang_after_call:
+        arm_hang(faults.hang_after_call[0], int(faults.hang_after_call[1]))
     from scone_jax.cli.main import main as scone_jax_main
 
     return scone_jax_main(argv[split + 1:])

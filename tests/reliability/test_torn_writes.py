@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 
 import jax
 import numpy as np
@@ -26,6 +25,7 @@ from tests.reliability.faults import (
     finish,
     last_line,
     snapshot,
+    wait_for_hang,
     writes_seen,
 )
 from tests.train.helpers import losses, read_metrics, tiny_overrides
@@ -83,19 +83,6 @@ def test_a_kill_inside_a_checkpoint_save_resumes_from_the_last_complete_one(mark
         np.testing.assert_array_equal(a, b)
 
 
-def wait_for_ranges(progress, proc, at_least: int, timeout: float = 240) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        assert proc.poll() is None, f"export ended before it could be killed: {proc.stderr.read()[-2000:]}"
-        try:
-            if len(json.loads(progress.read_text())["done"]) >= at_least:
-                return
-        except (FileNotFoundError, ValueError):
-            pass
-        time.sleep(0.02)
-    raise AssertionError(f"{at_least} ranges were not exported in {timeout}s")
-
-
 def test_a_kill_during_a_table_export_never_exposes_a_partial_table(scone_artifacts, tmp_path, rng):
     run, original, table = scone_artifacts["run"], scone_artifacts["table"], tmp_path / "table"
     shutil.copytree(original, table)  # a float32 table, to be replaced by a bfloat16 one
@@ -104,11 +91,16 @@ def test_a_kill_during_a_table_export_never_exposes_a_partial_table(scone_artifa
 
     def export(dtype: str, out=table, **fault):
         return faulty_cli(["export", str(run), "--out", str(out), "--overwrite", "--dtype", dtype,
-                           "--range-rows", "100", "--batch-rows", "16", "--no-progress"], **fault)  # slow enough to kill
+                           "--range-rows", "100", "--batch-rows", "16", "--no-progress"], **fault)
+
+    def after_ranges(done: int) -> dict:  # stop once `done` ranges are recorded, before the next is computed
+        return {"hang_after_call": ("scone_jax.export.table.write_json", done)}
 
     # killed while computing rows: the old table is untouched and still opens
-    proc = export("bfloat16")
-    wait_for_ranges(tmp_path / "table.partial" / PROGRESS, proc, int(rng.integers(1, num_ranges)))
+    done = int(rng.integers(1, num_ranges))
+    proc = export("bfloat16", **after_ranges(done))
+    wait_for_hang(proc)
+    assert len(json.loads((tmp_path / "table.partial" / PROGRESS).read_text())["done"]) == done
     proc.kill()
     killed(finish(proc))
     assert_intact(old)
@@ -129,8 +121,8 @@ def test_a_kill_during_a_table_export_never_exposes_a_partial_table(scone_artifa
     assert open_table(str(table), "host").meta["dtype"] == "float32"  # the host tier verifies every row
 
     # a first export killed midway leaves nothing a reader would open
-    proc = export("float32", out=tmp_path / "fresh")
-    wait_for_ranges(tmp_path / "fresh.partial" / PROGRESS, proc, int(rng.integers(1, num_ranges)))
+    proc = export("float32", out=tmp_path / "fresh", **after_ranges(int(rng.integers(1, num_ranges))))
+    wait_for_hang(proc)
     proc.kill()
     killed(finish(proc))
     with pytest.raises(UserError, match="not a complete f-gram table"):
