@@ -31,8 +31,9 @@ from scone_jax.export.table_store import (
 from scone_jax.fgrams.store import FgramSet
 from scone_jax.model import Transformer
 from scone_jax.serve.engine import Engine
-from scone_jax.serve.generate import Sampling, generate
+from scone_jax.serve.generate import decode_steps, generate
 from scone_jax.serve.input_layer import TableLookup
+from scone_jax.serve.sampling import Sampling
 from scone_jax.serve.tables import open_table
 
 SAMPLING = Sampling(temperature=1.0)  # sampled, not greedy: an untrained model's greedy output loops
@@ -80,11 +81,16 @@ def memory_bandwidth() -> float:
 
 def decode_rates(engines: dict[str, Engine], batch: int, side: int, new_tokens: int,
                  rounds: int) -> tuple[dict, dict]:
-    """Tokens/s of each engine on the same prompts (bigrams of the table, so most tokens match):
-    medians over `rounds` rounds that each run every engine once (in alternating order), and
-    each engine's median per-round speed relative to the first (drift between rounds cancels).
-    Each round has fresh prompts (so the disk tier's caches hold none of its rows at first),
-    and the compile run yet others."""
+    """Tokens/s of each engine on the same prompts (bigrams of the table, so most tokens match),
+    and each engine's speed relative to the first.
+
+    The engines decode in lockstep: every step (the prefill, then one token) of one engine is
+    followed by the same step of the next (in alternating order), each timed alone (a step ends
+    when its tokens are on the host, so nothing of one engine runs during another's). Drift of
+    the machine's speed then hits all engines alike within milliseconds. A round is one
+    `decode_steps` per engine; tok/s are medians over rounds, ratios the medians of the
+    per-round ratios. Each round has fresh prompts (so the disk tier's caches hold none of its
+    rows at first), and the compile run yet others."""
     rng = np.random.default_rng(batch)
     prompts = [[rng.integers(0, side, 32).tolist() for _ in range(batch)] for _ in range(rounds + 1)]
     for engine in engines.values():
@@ -92,10 +98,15 @@ def decode_rates(engines: dict[str, Engine], batch: int, side: int, new_tokens: 
     names = list(engines)
     times = {name: [] for name in names}
     for r in range(rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
-            start = time.perf_counter()
-            generate(engines[name], prompts[r], new_tokens, SAMPLING, seed=r)
-            times[name].append(time.perf_counter() - start)
+        running = {name: decode_steps(engines[name], prompts[r], new_tokens, SAMPLING, seed=r) for name in names}
+        spent = dict.fromkeys(names, 0.0)
+        for step in range(new_tokens):
+            for name in names if (r + step) % 2 == 0 else names[::-1]:
+                start = time.perf_counter()
+                next(running[name])
+                spent[name] += time.perf_counter() - start
+        for name in names:
+            times[name].append(spent[name])
     first = np.array(times[names[0]])
     rates = {k: batch * new_tokens / float(np.median(v)) for k, v in times.items()}
     return rates, {k: float(np.median(first / np.array(v))) for k, v in times.items()}
@@ -125,8 +136,9 @@ def run(quick: bool = False) -> str:
              "(the lookup cost does not depend on the values): every decoded token matches a row. A smaller "
              "vocabulary than the preset's 8,192 makes the backbone step cheaper, so the lookup weighs more. "
              "Decode = `generate` with the KV cache and sampling at temperature 1 (32-token prompts, "
-             f"{new_tokens} new tokens; tok/s are medians of interleaved rounds, ratios the medians of each "
-             "round's ratio): per token one jitted step plus the host-side match and row fetch. Every round "
+             f"{new_tokens} new tokens): per token one jitted step plus the host-side match and row fetch. The "
+             "engines decode in lockstep, each step timed alone, so drift of the machine's speed hits all alike; "
+             "tok/s are medians over rounds, ratios the medians of each round's ratio. Every round "
              "has fresh prompts and seeds, so nearly every step reads a row the disk tier's caches do not hold "
              "(the OS page cache may hold the table file: the machine has the RAM). "
              f"Measured memory bandwidth (numpy copy): {bandwidth / 1e9:.1f} GB/s.", "",
@@ -142,7 +154,7 @@ def run(quick: bool = False) -> str:
         disk = Engine(backbone, TableLookup(open_table(url, "disk", cache_bytes=64 << 20)))
         for batch in (1, 16):
             r, ratio = decode_rates({"base": base, "host": host, "disk": disk}, batch, side, new_tokens,
-                                    2 if quick else 9)
+                                    2 if quick else 15)
             lines.append(f"| {rows:,} | {batch} | {r['base']:,.0f} | {r['host']:,.0f} | {ratio['host']:.2f} | "
                          f"{r['disk']:,.0f} | {ratio['disk']:.2f} |")
         for tier, engine in (("RAM", host), ("disk", disk)):

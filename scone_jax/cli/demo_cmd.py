@@ -26,7 +26,8 @@ def run(args) -> int:
     from scone_jax.export.table import export_table
     from scone_jax.export.table_store import META, parse_location, read_json
     from scone_jax.serve.engine import engine_from_run
-    from scone_jax.serve.generate import Sampling, generate
+    from scone_jax.serve.generate import generate
+    from scone_jax.serve.sampling import Sampling
     from scone_jax.train.loop import evaluate_run, train
 
     out = Path(args.out)

@@ -33,7 +33,8 @@ def run(args) -> int:
     from scone_jax.data.tokenizer import Tokenizer
     from scone_jax.errors import UserError
     from scone_jax.serve.engine import engine_from_export, engine_from_run
-    from scone_jax.serve.generate import Sampling, generate
+    from scone_jax.serve.generate import generate
+    from scone_jax.serve.sampling import Sampling
 
     if bool(args.run_dir) == bool(args.backbone):
         raise UserError("give either RUN_DIR or --backbone DIR (exactly one)")

@@ -14,6 +14,7 @@ from scone_jax.config.schema import ModelConfig
 from scone_jax.errors import UserError
 from scone_jax.model import Transformer
 from scone_jax.serve.input_layer import TableLookup
+from scone_jax.serve.sampling import Sampling, sample
 from scone_jax.serve.tables import Table, open_table
 
 
@@ -25,26 +26,29 @@ class Engine:
     step: int | None = None  # the checkpoint step the weights come from
 
     def __post_init__(self):
-        self.graphdef, self.params = nnx.split(self.model)
+        # parameters flattened once: a jitted call then takes a plain list of arrays, which costs
+        # far less per call than flattening the model's nested state each time
+        self.graphdef, state = nnx.split(self.model)
+        self._param_leaves, treedef = jax.tree.flatten(state)
         lookup = self.lookup
 
-        def logits_fn(params, tokens, prepared):
-            model = nnx.merge(self.graphdef, params)
+        def embed_inputs(leaves, tokens, prepared):
+            model = nnx.merge(self.graphdef, jax.tree.unflatten(treedef, leaves))
             x = model.embed(tokens)
-            if lookup is not None:
-                x = lookup.add_rows(x, prepared)
+            return model, (x if lookup is None else lookup.add_rows(x, prepared))
+
+        def logits_fn(leaves, tokens, prepared):
+            model, x = embed_inputs(leaves, tokens, prepared)
             return model.logits(model.hidden(x))
 
-        def step_fn(params, tokens, prepared, cache, start, first_valid):
-            model = nnx.merge(self.graphdef, params)
-            x = model.embed(tokens)
-            if lookup is not None:
-                x = lookup.add_rows(x, prepared)
+        def step_fn(leaves, tokens, prepared, cache, start, first_valid, key, sampling):
+            model, x = embed_inputs(leaves, tokens, prepared)
             h, cache = model.hidden_cached(x, cache, start, first_valid)
-            return model.logits(h[:, -1:]), cache
+            key, sub = jax.random.split(key)
+            return sample(model.logits(h[:, -1:])[:, 0], sub, sampling), key, cache
 
         self._logits = jax.jit(logits_fn)
-        self._step = jax.jit(step_fn, donate_argnums=(3,))
+        self._step = jax.jit(step_fn, static_argnums=(7,), donate_argnums=(3,))
 
     def prepare(self, fgram_ids: np.ndarray) -> dict:
         return self.lookup.prepare(fgram_ids) if self.lookup else {}
@@ -53,10 +57,13 @@ class Engine:
         """Full-sequence logits [B, T, V]; `fgram_ids` are each position's longest match."""
         if prepared is None:
             prepared = self.prepare(fgram_ids) if self.lookup else {}
-        return self._logits(self.params, tokens, prepared)
+        return self._logits(self._param_leaves, tokens, prepared)
 
-    def decode_step(self, tokens, prepared, cache, start: int, first_valid):
-        return self._step(self.params, tokens, prepared, cache, np.int32(start), first_valid)
+    def decode_step(self, tokens, prepared, cache, start: int, first_valid, key, sampling: Sampling):
+        """One jitted call: the step over `tokens` [B, T] at positions start.., then the next
+        token of each row from the last position's logits. Returns (next tokens [B], the next
+        key, the cache); the cache passed in is donated."""
+        return self._step(self._param_leaves, tokens, prepared, cache, np.int32(start), first_valid, key, sampling)
 
     def init_cache(self, batch: int, max_len: int):
         return self.model.init_cache(batch, max_len)

@@ -87,6 +87,11 @@ class Table(ABC):
     def gather(self, ids: np.ndarray) -> np.ndarray:
         """float32 rows [*ids.shape, d] for row ids (all >= 0)."""
 
+    def gather_stored(self, ids) -> tuple[np.ndarray, np.ndarray | None]:
+        """Rows [n, d] for row ids (all >= 0) as the tier holds them, and int8's per-row scales
+        (else None): a decode step converts them on the device, saving the host a pass."""
+        return self.gather(np.asarray(ids, np.int64)), None
+
     def check_compatible(self, width: int, tokenizer_sha256: str | None = None,
                          checkpoint_fingerprint: str | None = None) -> None:
         if self.width != width:
@@ -142,8 +147,11 @@ class HostTable(Table):
         self.stored, self.scale = _read_all_verified(loc, meta, url)
 
     def gather(self, ids: np.ndarray) -> np.ndarray:
+        return dequantize(*self.gather_stored(ids))
+
+    def gather_stored(self, ids) -> tuple[np.ndarray, np.ndarray | None]:
         # `take`, not fancy indexing: several times cheaper for the few rows of a decode step
-        return dequantize(self.stored.take(ids, axis=0), None if self.scale is None else self.scale.take(ids))
+        return self.stored.take(ids, axis=0), None if self.scale is None else self.scale.take(ids)
 
 
 class DeviceTable(HostTable):

@@ -1,13 +1,18 @@
 """Serving: tiers agree, the table path scores like the live model, the KV cache decodes
 like a full recompute, and an exported backbone serves like the checkpoint."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from scone_jax.export.backbone import export_backbone
 from scone_jax.export.table import export_table
+from scone_jax.fgrams.tag import tag_tokens
 from scone_jax.serve.engine import engine_from_export, engine_from_run
-from scone_jax.serve.generate import Sampling, generate, generate_reference, prompt_fgram_ids
+from scone_jax.serve.generate import decode_steps, generate, generate_reference, prompt_fgram_ids
+from scone_jax.serve.input_layer import TableLookup
+from scone_jax.serve.sampling import Sampling
 from scone_jax.serve.tables import TIERS, open_table
 from scone_jax.train.loop import evaluate_run
 from tests.scone_run import train_scone_run
@@ -54,6 +59,30 @@ def test_every_tier_decodes_the_same_tokens(exported, rng):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_a_decode_step_adds_the_row_of_each_new_tokens_longest_match(exported, dtype, rng):
+    run_dir, root = exported
+    fgram_set = open_table(str(root / dtype), "host").fgram_set
+    cut, length = int(rng.integers(2, 8)), 20
+    for _ in range(50):  # text whose continuation has matched and unmatched tokens
+        seqs = sample_tokens(run_dir, rng, batch=4, length=length)
+        # the reference: each prefix tagged as one document, the f-gram at its last token
+        expected = np.array([tag_tokens(fgram_set, s, np.array([0, length]))[0][cut:] for s in seqs])
+        if (expected >= 0).any() and (expected < 0).any():
+            break
+    assert (expected >= 0).any() and (expected < 0).any(), "no text with both matched and unmatched tokens"
+    for tier in TIERS:
+        table = open_table(str(root / dtype), tier)
+        lookup = TableLookup(table)
+        step = lookup.decoder([s[:cut] for s in seqs])
+        for t in range(cut, length):
+            prepared = step(np.array([s[t] for s in seqs]))
+            added = np.asarray(jax.jit(lookup.add_rows)(jnp.zeros((len(seqs), 1, table.width)), prepared))[:, 0]
+            ids = expected[:, t - cut]
+            want = np.where((ids >= 0)[:, None], table.gather(np.maximum(ids, 0)), 0)
+            np.testing.assert_array_equal(added, want, err_msg=f"{tier} tier, step {t}")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
 def test_disk_row_cache_returns_the_stored_rows(exported, dtype, rng):
     _, root = exported
     host = open_table(str(root / dtype), "host")
@@ -86,6 +115,13 @@ def test_kv_cache_generation_equals_full_recompute(exported, rng, sampling):
     slow = generate_reference(engine, prompts, 10, sampling, seed=5)
     assert fast == slow
     assert generate(engine, prompts, 10, sampling, seed=5) == fast  # a fixed seed, a fixed output
+    # an end-of-sequence id ends its row (kept) and, once every row has it, the whole batch
+    eos = fast[0][int(rng.integers(0, 10))]
+    cut = [row[:row.index(eos) + 1] if eos in row else row for row in fast]
+    assert generate(engine, prompts, 10, sampling, seed=5, eos_id=eos) == cut
+    steps = decode_steps(engine, prompts, 10, sampling, seed=5)
+    assert [next(steps).tolist() for _ in range(3)] == [[row[i] for row in fast] for i in range(3)]
+    assert generate(engine, prompts, 0) == [[] for _ in prompts]
 
 
 def test_exported_backbone_serves_like_the_checkpoint(exported, rng):
