@@ -85,9 +85,10 @@ def decode_rates(engines: dict[str, Engine], batch: int, side: int, new_tokens: 
     and each engine's speed relative to the first.
 
     The engines decode in lockstep: every step (the prefill, then one token) of one engine is
-    followed by the same step of the next (in alternating order), each timed alone (a step ends
-    when its tokens are on the host, so nothing of one engine runs during another's). Drift of
-    the machine's speed then hits all engines alike within milliseconds. A round is one
+    followed by the same step of the others, in a fresh random order each time (so each engine
+    follows itself, with caches it warmed, as often as the others do), each timed alone (a step
+    ends when its tokens are on the host, so nothing of one engine runs during another's).
+    Drift of the machine's speed then hits all engines alike within milliseconds. A round is one
     `decode_steps` per engine; tok/s are medians over rounds, ratios the medians of the
     per-round ratios. Each round has fresh prompts (so the disk tier's caches hold none of its
     rows at first), and the compile run yet others."""
@@ -100,8 +101,8 @@ def decode_rates(engines: dict[str, Engine], batch: int, side: int, new_tokens: 
     for r in range(rounds):
         running = {name: decode_steps(engines[name], prompts[r], new_tokens, SAMPLING, seed=r) for name in names}
         spent = dict.fromkeys(names, 0.0)
-        for step in range(new_tokens):
-            for name in names if (r + step) % 2 == 0 else names[::-1]:
+        for _ in range(new_tokens):
+            for name in [names[i] for i in rng.permutation(len(names))]:
                 start = time.perf_counter()
                 next(running[name])
                 spent[name] += time.perf_counter() - start
