@@ -143,9 +143,10 @@ def forest_layout(forest: PrefixForest, groups: int, block: int, granule: int = 
     order = preorder(forest.paths)
     depth = (forest.paths >= 0).sum(1) - 1
     starts, copies = [], []
+    depth_in_order = depth[order].tolist()  # Python ints: the loop below is sequential
     i = 0
     while i < n:  # one iteration per block
-        d = int(depth[order[i]])
+        d = depth_in_order[i]
         starts.append(i)
         copies.append(d)
         i += block - d
