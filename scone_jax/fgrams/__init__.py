@@ -5,6 +5,7 @@
     store.FgramSet           the set on disk: tokens, lengths, counts, 64-bit keys, meta
     tag.tags_for_dataset     per-token (id, length) tags, cached beside a dataset (training)
     tag.StreamingTagger      the same, one new token at a time (decoding)
+    tag.DecodeTagger         the same for a batch of sequences, one call per decode step
 
 See docs/fgrams.md and docs/beam.md. This package imports no model or training code.
 """
@@ -12,7 +13,13 @@ See docs/fgrams.md and docs/beam.md. This package imports no model or training c
 from scone_jax.fgrams.build import build_fgram_set, select_fgrams
 from scone_jax.fgrams.corpus import Corpus
 from scone_jax.fgrams.store import FgramSet
-from scone_jax.fgrams.tag import StreamingTagger, tag_corpus, tag_tokens, tags_for_dataset
+from scone_jax.fgrams.tag import (
+           DecodeTagger,
+           StreamingTagger,
+           tag_corpus,
+           tag_tokens,
+           tags_for_dataset,
+)
 
-__all__ = ["Corpus", "FgramSet", "StreamingTagger", "build_fgram_set", "select_fgrams", "tag_corpus",
+__all__ = ["Corpus", "DecodeTagger", "FgramSet", "StreamingTagger", "build_fgram_set", "select_fgrams", "tag_corpus",
            "tag_tokens", "tags_for_dataset"]

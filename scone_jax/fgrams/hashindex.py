@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-_FIB_INT = 0x9E3779B97F4A7C15
-_FIB = np.uint64(_FIB_INT)
-_M64 = (1 << 64) - 1
-EMPTY = np.uint64(_M64)  # the one key value that cannot be stored
+FIB_INT = 0x9E3779B97F4A7C15
+_FIB = np.uint64(FIB_INT)
+M64 = (1 << 64) - 1
+EMPTY = np.uint64(M64)  # the one key value that cannot be stored
 
 
 class HashIndex:
@@ -105,12 +105,12 @@ class HashIndex:
 
     def slot_one(self, key: int) -> int:
         """Scalar `slots` (streaming tagging): a few item reads, no array allocation."""
-        slot = ((key * _FIB_INT) & _M64) >> (64 - self.bits)
+        slot = ((key * FIB_INT) & M64) >> (64 - self.bits)
         while True:
             k = int(self.keys[slot])
             if k == key:
                 return slot
-            if k == _M64:
+            if k == M64:
                 return -1
             slot = (slot + 1) & self._mask
 

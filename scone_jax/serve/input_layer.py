@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from scone_jax.data.pipeline import prefetch
-from scone_jax.fgrams.tag import StreamingTagger
+from scone_jax.fgrams.tag import DecodeTagger
 from scone_jax.serve.tables import DeviceTable, Table
 
 
@@ -59,22 +59,18 @@ class TableLookup:
         keeping each row's match state from its prompt on.
 
         This runs between two device steps with cold caches, where every numpy call costs
-        several microseconds, so it makes the fewest: one `StreamingTagger.push` per row (O(K)
-        scalar probes; measured against the stateless numpy `match_batch` at batch 1 and 16),
-        ids kept in a Python list, rows sent as stored (bfloat16 or int8 and its scales;
+        several microseconds, so it makes the fewest: one `DecodeTagger.push` for all rows (O(K)
+        scalar probes each; measured against the stateless numpy `match_batch` at batch 1 and
+        16), ids kept in a Python list, rows sent as stored (bfloat16 or int8 and its scales;
         converted inside the step) and not deduplicated ([B] is a fixed shape; a repeated row
         costs a copy, not a fetch); zero rows where there is no match. The device tier sends
         the ids instead.
         """
-        fgram_set = self.table.fgram_set
-        taggers = [StreamingTagger(fgram_set) for _ in prompts]
-        for tagger, prompt in zip(taggers, prompts, strict=True):
-            for token in prompt[-(fgram_set.max_n - 1):]:
-                tagger.push(token)
+        tagger = DecodeTagger(self.table.fgram_set, prompts)
         table, on_device = self.table, isinstance(self.table, DeviceTable)
 
         def step(new: np.ndarray) -> dict[str, np.ndarray]:
-            ids = [tagger.push(token)[0] for tagger, token in zip(taggers, new.tolist())]
+            ids = tagger.push(new.tolist())
             if on_device:
                 return {"fgram_step_ids": np.array(ids, np.int32)}
             rows, scales = table.gather_stored([max(i, 0) for i in ids])

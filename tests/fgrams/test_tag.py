@@ -8,7 +8,13 @@ from scone_jax.fgrams import tag as tag_mod
 from scone_jax.fgrams.build import select_fgrams
 from scone_jax.fgrams.corpus import Corpus
 from scone_jax.fgrams.store import FgramSet
-from scone_jax.fgrams.tag import StreamingTagger, tag_corpus, tag_tokens, tags_for_dataset
+from scone_jax.fgrams.tag import (
+    DecodeTagger,
+    StreamingTagger,
+    tag_corpus,
+    tag_tokens,
+    tags_for_dataset,
+)
 
 from ..conftest import make_dataset
 from .helpers import corpus_of, random_docs
@@ -79,6 +85,14 @@ def test_streaming_forms_agree_with_brute_force(rng):
         tokens = np.concatenate([np.asarray(d, np.int64) for d in docs])
         ids, lens = st.match_batch(contexts(docs, k), tokens)
         assert list(zip(ids.tolist(), lens.tolist())) == want
+        # every document a sequence of one decode batch, from a common cut on
+        length = min(map(len, docs))
+        if length:
+            cut = int(rng.integers(0, length))
+            batch = DecodeTagger(fs, [d[:cut] for d in docs])
+            got = np.array([batch.push([int(d[j]) for d in docs]) for j in range(cut, length)]).T.tolist()
+            starts = np.cumsum([0] + [len(d) for d in docs])
+            assert got == [[want[s + j][0] for j in range(cut, length)] for s in starts[:-1]]
 
 
 def test_unknown_tokens_never_match(rng):
@@ -88,6 +102,7 @@ def test_unknown_tokens_never_match(rng):
     assert lens.tolist() == [0, 2, 0, 0, 2, 3]
     assert StreamingTagger(fs).match([1, 2], 99) == (-1, 0)
     assert StreamingTagger(fs).match([99, 1], 2) == (fs.tagger().tables[2].get_one(1 * 3 + 2), 2)
+    assert DecodeTagger(fs, [[1, 2], [99, 1]]).push([99, 2]) == [-1, fs.tagger().tables[2].get_one(1 * 3 + 2)]
 
 
 def test_declared_vocab_is_enforced(rng):
