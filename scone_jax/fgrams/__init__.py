@@ -13,7 +13,13 @@ See docs/fgrams.md and docs/beam.md. This package imports no model or training c
 from scone_jax.fgrams.build import build_fgram_set, select_fgrams
 from scone_jax.fgrams.corpus import Corpus
 from scone_jax.fgrams.store import FgramSet
-from scone_jax.fgrams.tag import DecodeTagger, StreamingTagger, tag_corpus, tag_tokens, tags_for_dataset
+from scone_jax.fgrams.tag import (
+    DecodeTagger,
+    StreamingTagger,
+    tag_corpus,
+    tag_tokens,
+    tags_for_dataset,
+)
 
 __all__ = ["Corpus", "DecodeTagger", "FgramSet", "StreamingTagger", "build_fgram_set", "select_fgrams",
            "tag_corpus", "tag_tokens", "tags_for_dataset"]
