@@ -39,12 +39,18 @@ def matmul_peak(n: int = 1024, repeats: int = 20) -> float:
     return 2 * n**3 / best
 
 
-def interleaved_medians(fns: dict, rounds: int) -> dict[str, float]:
-    """Median seconds per call of each fn, calling them in turn each round (drift hits all alike)."""
-    times = {k: [] for k in fns}
+def interleaved_medians(fns: dict, rounds: int, seed: int = 0) -> tuple[dict[str, float], dict[str, float]]:
+    """Median seconds per call of each fn, calling each once per round in a fresh random order
+    (drift hits all alike, and none always runs right after the same other), and the median
+    over rounds of each fn's time relative to the first fn's in that round."""
+    rng = np.random.default_rng(seed)
+    names = list(fns)
+    times = {k: [] for k in names}
     for _ in range(rounds):
-        for name, fn in fns.items():
+        for i in rng.permutation(len(names)):
             t = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
-    return {k: float(np.median(v)) for k, v in times.items()}
+            fns[names[i]]()
+            times[names[i]].append(time.perf_counter() - t)
+    first = np.array(times[names[0]])
+    return ({k: float(np.median(v)) for k, v in times.items()},
+            {k: float(np.median(np.array(v) / first)) for k, v in times.items()})
