@@ -155,7 +155,7 @@ def run(quick: bool = False) -> str:
         disk = Engine(backbone, TableLookup(open_table(url, "disk", cache_bytes=64 << 20)))
         for batch in (1, 16):
             r, ratio = decode_rates({"base": base, "host": host, "disk": disk}, batch, side, new_tokens,
-                                    2 if quick else 15)
+                                    2 if quick else 31)
             lines.append(f"| {rows:,} | {batch} | {r['base']:,.0f} | {r['host']:,.0f} | {ratio['host']:.2f} | "
                          f"{r['disk']:,.0f} | {ratio['disk']:.2f} |")
         for tier, engine in (("RAM", host), ("disk", disk)):
