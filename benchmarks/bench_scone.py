@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from benchmarks.common import interleaved_medians, real_text_dataset
+from benchmarks.common import interleaved_timings, real_text_dataset
 from scone_jax.config import load_config
 from scone_jax.data.fgram_batches import prepare_fgram_inputs
 from scone_jax.data.pipeline import BatchStream, WindowSource, split_documents
@@ -70,7 +70,7 @@ def measure(preset: str, rounds: int, workdir) -> dict:
                 inputs.fgram_set.lengths[np.unique(b["fgram_ids"][b["fgram_ids"] >= 0])].sum()
                 if mode == "dedup" else (b["fgram_ids"] >= 0).sum() for b in batches]))
         del holder
-    out["times"], out["ratios"] = interleaved_medians(steps, rounds)
+    out["times"], out["ratios"] = interleaved_timings(steps, rounds)
     return out
 
 

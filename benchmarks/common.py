@@ -39,7 +39,7 @@ def matmul_peak(n: int = 1024, repeats: int = 20) -> float:
     return 2 * n**3 / best
 
 
-def interleaved_medians(fns: dict, rounds: int, seed: int = 0) -> tuple[dict[str, float], dict[str, float]]:
+def interleaved_timings(fns: dict, rounds: int, seed: int = 0) -> tuple[dict[str, float], dict[str, float]]:
     """Median seconds per call of each fn, calling each once per round in a fresh random order
     (drift hits all alike, and none always runs right after the same other), and the median
     over rounds of each fn's time relative to the first fn's in that round."""

@@ -299,18 +299,17 @@ class StreamingTagger:
 
     `match(last_tokens, token)` is stateless: give the previous K-1 tokens of the document
     (fewer at its start) and the new token. `push(token)` keeps that state itself (O(K)
-    probes); `reset()` at a document boundary. `match_batch` does many sequences at once
+    probes: a `DecodeTagger` of one sequence); `reset()` at a document boundary. `match_batch` does many sequences at once
     (prefill and batched decoding), with contexts left-padded by -1.
     """
 
     def __init__(self, fs):
-        self.t = fs.tagger()
+        self.fs, self.t = fs, fs.tagger()
         self.k, self.radix = fs.max_n, fs.key_vocab
         self.reset()
 
     def reset(self) -> None:
-        self._prev_token = -1
-        self._prev = [-1] * (self.k + 1)  # slot of the n-gram ending at the previous token
+        self._stream = DecodeTagger(self.fs, [[]])  # `push`: a decode batch of one sequence
 
     def _probe(self, n: int, code_prefix: int, token: int) -> int:
         return self.t.tables[n].slot_one(code_prefix * self.radix + token)
@@ -335,21 +334,7 @@ class StreamingTagger:
         return best
 
     def push(self, token: int) -> tuple[int, int]:
-        token = int(token)
-        cur = [-1] * (self.k + 1)
-        best = (-1, 0)
-        if 0 <= token < self.radix and self._prev_token >= 0:
-            cur[2] = self._probe(2, self._prev_token, token)
-            for n in range(2, self.k + 1):
-                if n > 2:
-                    if self._prev[n - 1] < 0 or cur[n - 1] < 0:
-                        break
-                    cur[n] = self._probe(n, self._prev[n - 1], token)
-                if cur[n] < 0:
-                    break
-                best = (int(self.t.tables[n].vals[cur[n]]), n)
-        self._prev, self._prev_token = cur, (token if 0 <= token < self.radix else -1)
-        return best
+        return self._stream.push_one(0, int(token))
 
     def match_batch(self, contexts: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """contexts [B, K-1] (left-padded with -1), tokens [B] -> (ids [B], lengths [B])."""
@@ -378,14 +363,15 @@ class StreamingTagger:
 
 
 class DecodeTagger:
-    """`StreamingTagger.push` for B sequences decoding together: `push(tokens)` takes each
-    sequence's new token (a list of B ints) and returns each one's f-gram id (-1: none).
+    """The streaming match of B sequences decoding together: `push(tokens)` takes each
+    sequence's new token (a list of B ints) and returns each one's f-gram id (-1: none);
+    `push_one(b, token)` gives sequence b's (id, length).
 
     This is on the critical path of every decode step, between two device steps that leave the
     host's caches cold, where each Python call and attribute lookup costs several times its
     warm price: so one call per step, the tables' arrays held in locals, and the probe of
-    `HashIndex.slot_one` inlined (measured at batch 1 and 16: about half the time of a
-    `StreamingTagger.push` per sequence).
+    `HashIndex.slot_one` inlined (measured at batch 1 and 16: about half the time of one
+    method call per sequence through `slot_one`).
     """
 
     def __init__(self, fs, contexts: list):
@@ -398,16 +384,16 @@ class DecodeTagger:
         self._slots = [[-1] * (self.k + 1) for _ in contexts]  # slot of the n-gram ending there
         for b, context in enumerate(contexts):
             for token in list(context)[-(self.k - 1):]:
-                self._push_one(b, int(token))
+                self.push_one(b, int(token))
 
     def push(self, tokens: list[int]) -> list[int]:
-        return [self._push_one(b, token) for b, token in enumerate(tokens)]
+        return [self.push_one(b, token)[0] for b, token in enumerate(tokens)]
 
-    def _push_one(self, b: int, token: int) -> int:
+    def push_one(self, b: int, token: int) -> tuple[int, int]:
         k, radix, tables = self.k, self.radix, self._tables
         last, prev = self._last[b], self._slots[b]
         cur = [-1] * (k + 1)
-        best = -1
+        best = (-1, 0)
         if 0 <= token < radix and last >= 0:
             code = last  # n = 2: keyed by the previous token; longer: by the slot of the shorter n-gram
             for n in range(2, k + 1):
@@ -426,7 +412,7 @@ class DecodeTagger:
                 if found != key:
                     break
                 cur[n] = slot
-                best = vals.item(slot)
+                best = (vals.item(slot), n)
         self._slots[b] = cur
         self._last[b] = token if 0 <= token < radix else -1
         return best

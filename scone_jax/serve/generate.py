@@ -20,6 +20,7 @@ from scone_jax.serve.engine import Engine
 from scone_jax.serve.sampling import GREEDY, Sampling, sample
 
 SHAPE_BUCKET = 64
+_sample_jit = jax.jit(sample, static_argnums=2)  # the reference samples as the fused step does: compiled
 
 
 def prompt_fgram_ids(engine: Engine, prompts: list[np.ndarray], width: int) -> np.ndarray:
@@ -115,7 +116,7 @@ def generate_reference(engine: Engine, prompts: list[list[int]], max_new_tokens:
         for s in seqs:  # one row at a time: no padding at all
             ids = prompt_fgram_ids(engine, [np.asarray(s)], len(s))
             last.append(np.asarray(engine.logits(np.asarray([s], np.int32), ids))[0, -1])
-        new = np.asarray(jax.jit(sample, static_argnums=2)(jnp.asarray(np.stack(last)), sub, sampling))
+        new = np.asarray(_sample_jit(jnp.asarray(np.stack(last)), sub, sampling))
         for b, s in enumerate(seqs):
             s.append(int(new[b]))
             out[b].append(int(new[b]))
