@@ -125,56 +125,105 @@ def grow_blocks(tokens: np.ndarray, paths: np.ndarray, blocks: int) -> tuple[np.
     return grown_tokens, grown_paths
 
 
+def chunk_trees(order: np.ndarray, forest: PrefixForest, block: int, per_tree: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Cut the depth-first node order into chunks that each fit a block, greedily: a chunk that
+    starts at a node of depth d leaves d slots for that node's ancestors (copied). With
+    `per_tree`, chunks never span two trees (first tokens), so a tree of at most `block` nodes
+    is one chunk without copies; else the whole order is cut into full blocks. -> each chunk's
+    first position in `order`, and its copies."""
+    n = len(order)
+    if not n:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    depth = ((forest.paths[order] >= 0).sum(1) - 1).tolist()  # Python ints: the loop is sequential
+    if per_tree:
+        tree_starts = np.flatnonzero(np.diff(forest.paths[order, 0], prepend=-1))
+        tree_end = np.repeat(np.append(tree_starts[1:], n), np.diff(np.append(tree_starts, n))).tolist()
+    else:
+        tree_end = [n] * n
+    starts, copies = [], []
+    i = 0
+    while i < n:  # one iteration per chunk
+        d = depth[i]
+        starts.append(i)
+        copies.append(d)
+        i = min(i + block - d, tree_end[i])
+    return np.asarray(starts, np.int64), np.asarray(copies, np.int64)
+
+
+def pack_chunks(sizes: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Best-fit decreasing: each chunk (`sizes` slots, at most `block`) goes into the open block
+    with the least room that holds it, largest chunks first. -> each chunk's block and its
+    offset in that block, and the block count. Open blocks are kept in one stack per free
+    room, with a bitmask of the non-empty stacks: O(1) per chunk."""
+    chunk_block = np.empty(len(sizes), np.int64)
+    chunk_offset = np.empty(len(sizes), np.int64)
+    by_room: list[list[int]] = [[] for _ in range(block + 1)]
+    nonempty, blocks = 0, 0
+    for c in np.argsort(-sizes, kind="stable").tolist():
+        size = int(sizes[c])
+        fits = nonempty >> size
+        if fits:
+            room = size + (fits & -fits).bit_length() - 1
+            b = by_room[room].pop()
+            if not by_room[room]:
+                nonempty &= ~(1 << room)
+        else:
+            room, b, blocks = block, blocks, blocks + 1
+        chunk_block[c], chunk_offset[c] = b, block - room
+        if room > size:
+            by_room[room - size].append(b)
+            nonempty |= 1 << (room - size)
+    return chunk_block, chunk_offset, blocks
+
+
 def forest_layout(forest: PrefixForest, groups: int, block: int, granule: int = 1,
                   min_blocks: int = 0, min_outputs: int = 0) -> ForestLayout:
     """Lay the forest out in blocks of `block` slots that attention never leaves.
 
-    Nodes go in depth-first order, so a block's nodes find their ancestors in the block, except
-    the ancestors of its first node: those are copied to the block's first slots (slot = depth;
-    a copy computes the same state as its original, since a node depends on its path alone).
-    Blocks are dealt round-robin to `groups` groups of N blocks: the fullest group's count
-    rounded up to `granule`, and at least `min_blocks` (a calibrated capacity). Padding slots
-    are a one-token f-gram of token 0 whose output nobody reads. The rows' nodes (distinct:
-    each row is a different f-gram) are each group's outputs, R of them: the fullest group's
-    count rounded up to `granule` blocks' worth, and at least `min_outputs`."""
+    Nodes are cut into chunks in depth-first order (`chunk_trees`), so a chunk's nodes find their
+    ancestors in the chunk, except the ancestors of its first node: those are copied to the
+    chunk's first slots (slot = chunk offset + depth; a copy computes the same state as its
+    original, since a node depends on its path alone). Chunks are packed into blocks
+    (`pack_chunks`). Of the two cuts, per tree (small trees share a block without copies; the
+    common case in text) or of the whole order (no room left unused; better when most trees
+    are larger than a block), the one with fewer blocks is used. Blocks are dealt round-robin to
+    `groups` groups of N blocks: the fullest group's count rounded up to `granule`, and at least
+    `min_blocks` (a calibrated capacity). Padding slots are a one-token f-gram of token 0 whose
+    output nobody reads. The rows' nodes (distinct: each row is a different f-gram) are each
+    group's outputs, R of them: the fullest group's count rounded up to `granule` blocks' worth,
+    and at least `min_outputs`."""
     n, k = forest.paths.shape
     if block < k:
         raise ValueError(f"block={block} slots cannot hold an f-gram of {k} tokens")
     order = preorder(forest.paths)
-    depth = (forest.paths >= 0).sum(1) - 1
-    starts, copies = [], []
-    depth_in_order = depth[order].tolist()  # Python ints: the loop below is sequential
-    i = 0
-    while i < n:  # one iteration per block
-        d = depth_in_order[i]
-        starts.append(i)
-        copies.append(d)
-        i += block - d
-    starts, copies = np.asarray(starts, np.int64), np.asarray(copies, np.int64)
-    num_blocks = len(starts)
+    packings = []
+    for per_tree in (True, False):  # small trees packed together, or one stream of full blocks
+        starts, copies = chunk_trees(order, forest, block, per_tree)
+        packings.append((*pack_chunks(np.diff(np.append(starts, n)) + copies, block), starts, copies))
+    chunk_block, chunk_offset, num_blocks, starts, copies = min(packings, key=lambda p: p[2])
     need = -(-num_blocks // groups)
     blocks = max(min_blocks, round_up(max(need, 1), granule))
-    # block b is block b // G of group b % G
-    base = (np.arange(num_blocks) % groups * blocks + np.arange(num_blocks) // groups) * block
+    # block b is block b // G of group b % G; a chunk starts at its block's base + its offset
+    chunk_base = (chunk_block % groups * blocks + chunk_block // groups) * block + chunk_offset
     pos = np.empty(n, np.int64)
     pos[order] = np.arange(n)
-    block_of = np.searchsorted(starts, pos, side="right") - 1  # per node
-    within = copies[block_of] + pos - starts[block_of]
-    slot = base[block_of] + within
+    chunk_of = np.searchsorted(starts, pos, side="right") - 1  # per node
+    within = chunk_offset[chunk_of] + copies[chunk_of] + pos - starts[chunk_of]  # slot within the block
+    slot = chunk_base[chunk_of] - chunk_offset[chunk_of] + within
     tokens, paths = empty_buffers(groups, blocks, block, k)
     flat_tokens, flat_paths = tokens.reshape(-1), paths.reshape(-1, k)
     flat_tokens[slot] = forest.tokens
     ancestors = np.maximum(forest.paths, 0)
-    in_block = pos[ancestors] >= starts[block_of][:, None]  # else: a copy, at slot = its depth
-    local = np.where(in_block, within[ancestors], np.arange(k))
+    in_chunk = pos[ancestors] >= starts[chunk_of][:, None]  # else: a copy, at its depth past the offset
+    local = np.where(in_chunk, within[ancestors], chunk_offset[chunk_of][:, None] + np.arange(k))
     flat_paths[slot] = np.where(forest.paths >= 0, local, -1)
-    # the copies: block b's first `copies[b]` slots hold the first node's ancestors
-    copy_block = np.repeat(np.arange(num_blocks), copies)
-    copy_depth = np.arange(len(copy_block)) - np.repeat(np.cumsum(copies) - copies, copies)
-    original = forest.paths[order[starts[copy_block]], copy_depth]
-    copy_slot = base[copy_block] + copy_depth
-    flat_tokens[copy_slot] = forest.tokens[original]
-    flat_paths[copy_slot] = np.where(np.arange(k) <= copy_depth[:, None], np.arange(k), -1)
+    # the copies: chunk c's first `copies[c]` slots hold its first node's ancestors
+    copy_chunk = np.repeat(np.arange(len(starts)), copies)
+    copy_depth = np.arange(len(copy_chunk)) - np.repeat(np.cumsum(copies) - copies, copies)
+    original = forest.paths[order[starts[copy_chunk]], copy_depth]
+    flat_tokens[chunk_base[copy_chunk] + copy_depth] = forest.tokens[original]
+    flat_paths[chunk_base[copy_chunk] + copy_depth] = np.where(
+        np.arange(k) <= copy_depth[:, None], chunk_offset[copy_chunk][:, None] + np.arange(k), -1)
     # outputs: each row's node, grouped by its block's group, in slot order
     row_slot = slot[forest.node_of_row]
     row_group = row_slot // (blocks * block)

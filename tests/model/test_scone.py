@@ -1,6 +1,8 @@
 """The SCONE combination: dedup == plain, the prefix forest == F on each f-gram alone, no matches ==
 baseline, F ignores the context."""
 
+from dataclasses import replace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -77,33 +79,63 @@ def test_dedup_and_plain_give_the_same_loss_and_gradients(family, combine, capac
     np.testing.assert_allclose(loss_and_grads(model, padded)[0], la, rtol=1e-6)
 
 
-def greedy_block_count(forest, block):
-    """Brute force: walk the trie depth-first from a nested dict; a block that fills up is
-    followed by one that starts with the copied ancestors of its first node."""
+def trie_of(forest):
     trie = {}
     for path in forest.paths:
         node = trie
         for a in path[path >= 0]:
             node = node.setdefault(int(a), {})
-    blocks, used = 0, block
+    return trie
+
+
+def size_of(children):
+    return sum(1 + size_of(c) for c in children.values())
+
+
+def copies_needed(forest, block):
+    """Brute force: walk each tree (a first token's nodes) depth-first from a nested dict; a tree
+    that fits a block needs no copies; in a larger one, a block that fills up is followed by one
+    that starts with the copied ancestors of its first node."""
+    total = 0
+    for root, children in trie_of(forest).items():
+        if 1 + size_of(children) <= block:
+            continue
+        used = 0
+
+        def visit(node, kids, depth):
+            nonlocal total, used
+            if used == block:
+                total, used = total + depth, depth
+            used += 1
+            for child in sorted(kids):
+                visit(child, kids[child], depth + 1)
+
+        visit(root, children, 0)
+    return total
+
+
+def greedy_blocks_and_copies(forest, block):
+    """Brute force: the blocks and copies of a depth-first walk over all trees at once."""
+    blocks, used, copies = 0, block, 0
 
     def visit(children, depth):
-        nonlocal blocks, used
+        nonlocal blocks, used, copies
         for child in sorted(children):
             if used == block:
-                blocks, used = blocks + 1, depth
+                blocks, used, copies = blocks + 1, depth, copies + depth
             used += 1
             visit(children[child], depth + 1)
 
-    visit(trie, 0)
-    return blocks
+    visit(trie_of(forest), 0)
+    return blocks, copies
 
 
 @pytest.mark.parametrize("groups, block", [(1, K), (2, 7), (5, 32)])
 def test_prefix_forest_has_one_node_per_distinct_prefix(groups, block, rng):
     """Against a brute-force trie: node strings are exactly the distinct prefixes, each row's node
-    spells the row, paths are the node's ancestors within the node's block, blocks are packed
-    as tightly as a greedy depth-first walk allows and dealt evenly to the groups."""
+    spells the row, paths are the node's ancestors within the node's block, ancestors are
+    copied only where a tree larger than a block is cut (or a walk over all trees at once cuts
+    one), blocks are packed at least as tightly as that walk and dealt evenly to the groups."""
     set_tokens, set_lengths = random_fgram_set(rng, int(rng.integers(1, 200)), vocab=int(rng.integers(2, 12)))
     forest = prefix_forest(set_tokens, set_lengths, share_prefixes=True)
     spelled = [tuple(forest.tokens[p[p >= 0]]) for p in forest.paths]
@@ -134,8 +166,12 @@ def test_prefix_forest_has_one_node_per_distinct_prefix(groups, block, rng):
     assert len(np.unique(out["fgram_index"])) == len(set_tokens)  # one output per row
     layout = forest_layout(forest, groups, block)
     group, rank = np.divmod(layout.output, layout.outputs.shape[1])
-    used = np.unique(group * layout.tokens.shape[1] + layout.outputs[group, rank] // block)
-    assert len(used) == greedy_block_count(forest, block)  # every block holds an output
+    shifted = forest_layout(replace(forest, tokens=forest.tokens + 1), groups, block)  # padding: token 0
+    real = np.argwhere(shifted.tokens > 0)  # the slots of nodes and of their copies
+    greedy_blocks, greedy_copies = greedy_blocks_and_copies(forest, block)
+    assert len(real) - len(forest.tokens) in (copies_needed(forest, block), greedy_copies)
+    used = np.unique(real[:, 0] * layout.tokens.shape[1] + real[:, 1])
+    assert -(-len(real) // block) <= len(used) <= greedy_blocks
     per_group = np.bincount(used // layout.tokens.shape[1], minlength=groups)
     assert per_group.max() - per_group.min() <= 1 and per_group.max() == layout.need
 
