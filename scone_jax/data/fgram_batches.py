@@ -10,9 +10,10 @@ The batcher therefore sends the batch's f-grams as a prefix forest: one node per
 prefix (with deduplication; without it every matched position has its own chain), each node
 carrying its token and its path, the slots of its ancestors and itself (-1 past its depth).
 Nodes are laid out depth-first in blocks of B slots (`fgram_nodes` [G, N, B], `fgram_paths`
-[G, N, B, K] as slots within the block); a block's first slots repeat the ancestors of its
-first node, so every path stays inside its block and the f-gram model runs each block as a
-short sequence with an ancestry mask (model/fgram_model.py): dense, gather-free attention.
+[G, N, B, K] as slots within the block): small trees (a first token's nodes) packed together,
+larger ones cut into pieces that start with copies of their first node's ancestors, so every
+path stays inside its block and the f-gram model runs each block as a short sequence with an
+ancestry mask (model/fgram_model.py): dense, gather-free attention.
 The nodes whose output some position reads (one per distinct f-gram) are listed per group in
 `fgram_outputs` [G, R], and `fgram_index` [batch, T] points each position into those G * R
 outputs (-1 = no match). Blocks are dealt round-robin to G groups, one per data shard of the
