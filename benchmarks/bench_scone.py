@@ -24,7 +24,6 @@ from scone_jax.train.session import build_model_fn
 from scone_jax.train.state import setup_train_state
 from scone_jax.train.step import batch_shardings, make_train_step
 
-
 # glibc settings under which XLA's per-step temp buffer is reused instead of mapped afresh (and
 # page-faulted in) every step: one arena, no mmap for large blocks, never trimmed.
 NO_REFAULT_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 36)}
