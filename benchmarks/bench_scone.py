@@ -128,7 +128,7 @@ def run(quick: bool = False) -> str:
         f"Text: {results[0]['source']}. F-gram model 1x (same depth as the backbone), K = 5, up to 100K f-grams "
         "(min count 3) counted on the training split; the same 4 batches for every variant. Dedup and plain are "
         "each timed against the baseline in their own rotation (a third, memory-heavier variant in the same "
-        "rotation slowed the other two by up to 15%): each round runs one step of both in a fresh random order; "
+        "rotation slowed the other two and moved their ratio, in a trial by +0.1x): each round runs one step of both in a fresh random order; "
         "step times are medians over rounds, ratios the medians of each round's ratio to the baseline.",
         "",
         "| preset | baseline step | SCONE dedup | ratio | SCONE plain | ratio | match rate | distinct ratio | "
@@ -172,7 +172,7 @@ def run(quick: bool = False) -> str:
         "buffer is then reused), tiny measures: baseline "
         f"{ft['baseline'] * 1e3:.0f} ms, SCONE dedup {ft['dedup'] * 1e3:.0f} ms, ratio "
         f"{fresh['ratios']['dedup']:.2f}x, page faults per step {ff['baseline']:,.0f} / {ff['dedup']:,.0f}. "
-        "Those settings make CPU steps faster for everyone; the ratio without faults is the one to hold "
-        "against the FLOP fraction.",
+        "Those settings make CPU training steps faster (docs/training.md has when they do not pay off); the ratio "
+        "without faults is the one to hold against the FLOP fraction.",
     ]
     return "\n".join(lines)
