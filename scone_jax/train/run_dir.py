@@ -2,7 +2,8 @@
 
 A run directory belongs to one config. Restarting with the same config resumes; a config
 that differs in anything but logging, eval and checkpoint cadence is refused, so an
-existing run is never overwritten by a different one.
+existing run is never overwritten by a different one. The directory's own path may differ:
+a run moved or copied elsewhere resumes there.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from scone_jax.errors import UserError
 CONFIG_FILE = "config.yaml"
 RUN_INFO_FILE = "run_info.json"  # what later stages need without the data pipeline (export, serve)
 # keys that may change between restarts of the same run
-MUTABLE_PREFIXES = ("logging.", "train.eval_every", "train.eval_batches", "train.log_every",
+MUTABLE_PREFIXES = ("run_dir", "logging.", "train.eval_every", "train.eval_batches", "train.log_every",
                     "checkpoint.every", "checkpoint.keep", "checkpoint.async_save", "data.eval_datasets")
 
 

@@ -1,6 +1,8 @@
 """SCONE training end to end: both combine modes train, 1 device == 8 devices, resume is
 bitwise, and on real text SCONE beats the same backbone without it."""
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -44,6 +46,21 @@ def test_scone_kill_and_resume_is_bitwise_identical(markov_dataset, tmp_path):
     resumed = cli_run(args("killed"))
     assert resumed.returncode == 0 and "resuming at step 10" in resumed.stdout, resumed.stderr[-2000:]
     assert losses(tmp_path / "killed") == losses(tmp_path / "straight")
+
+
+def test_a_run_directory_moved_elsewhere_resumes(markov_dataset, tmp_path):
+    """A run dir is its contents, not its path: moved (the original gone), it resumes from its
+    checkpoint to the same losses; its f-gram set and tags are reused, not rebuilt."""
+    train(load_config("tiny", scone_overrides(markov_dataset.path, tmp_path / "first", 10)))
+    straight = losses(tmp_path / "first")
+    (tmp_path / "first").rename(tmp_path / "moved")
+    shutil.rmtree(tmp_path / "moved" / "checkpoints" / "10")
+    fgram_set = (tmp_path / "moved" / "fgrams" / "meta.json").stat().st_mtime_ns
+    summary = train(load_config("tiny", scone_overrides(markov_dataset.path, tmp_path / "moved", 10)))
+    assert summary["start_step"] == 5 and summary["end_step"] == 10
+    assert losses(tmp_path / "moved") == straight
+    assert (tmp_path / "moved" / "fgrams" / "meta.json").stat().st_mtime_ns == fgram_set
+    assert load_config(tmp_path / "moved" / "config.yaml").run_dir == str(tmp_path / "moved")
 
 
 def wikitext_documents():
