@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scone_jax.atomic import check_output_path
+from scone_jax.atomic import check_output_path, storage_errors
 from scone_jax.config.schema import FgramConfig
 from scone_jax.errors import UserError
 
@@ -261,7 +261,8 @@ def cmd_tag(args) -> int:
     tmp_ids = _tmp_sibling(out_ids)
     tmp_lengths = _tmp_sibling(out_lengths)
     try:
-        _, lengths, _ = tag_corpus(fs, corpus, tmp_ids, tmp_lengths, workers=args.workers, progress=progress)
+        with storage_errors(f"{out_ids} and {out_lengths}"):
+            _, lengths, _ = tag_corpus(fs, corpus, tmp_ids, tmp_lengths, workers=args.workers, progress=progress)
         del lengths
         os.replace(tmp_ids, out_ids)
         os.replace(tmp_lengths, out_lengths)

@@ -115,6 +115,25 @@ def tag_tokens(fs, tokens, doc_offsets=None) -> tuple[np.ndarray, np.ndarray]:
     return fs.tagger().tag_window(tokens, starts)
 
 
+def reserved_npy(path, dtype, length: int) -> np.memmap:
+    """A new `.npy` file of `length` items, mapped for writing, with its disk blocks reserved up
+    front: a full disk then fails here with OSError(ENOSPC) and leaves no file, where writes
+    through a sparse mapping would kill the process with SIGBUS."""
+    array = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=(length,))
+    try:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            if hasattr(os, "posix_fallocate"):  # Linux and the BSDs
+                os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+    except OSError:
+        del array
+        Path(path).unlink(missing_ok=True)
+        raise
+    return array
+
+
 def tag_corpus(fs, corpus: Corpus, out_ids=None, out_lengths=None, *, workers: int | None = None,
                progress: bool = True, chunk: int | None = None, keep: bool = True,
                memory_budget: int | None = None, span: tuple[int, int] | None = None):
@@ -139,8 +158,8 @@ def tag_corpus(fs, corpus: Corpus, out_ids=None, out_lengths=None, *, workers: i
         ids = np.load(out_ids, mmap_mode="r+", allow_pickle=False)
         lens = np.load(out_lengths, mmap_mode="r+", allow_pickle=False)
     elif out_ids is not None:
-        ids = np.lib.format.open_memmap(out_ids, mode="w+", dtype=np.int32, shape=(n_tok,))
-        lens = np.lib.format.open_memmap(out_lengths, mode="w+", dtype=np.uint8, shape=(n_tok,))
+        ids = reserved_npy(out_ids, np.int32, n_tok)
+        lens = reserved_npy(out_lengths, np.uint8, n_tok)
     elif keep:
         ids, lens = np.empty(n_tok, np.int32), np.empty(n_tok, np.uint8)
     else:
@@ -246,7 +265,7 @@ def _tag_split(dataset, fs, final: Path, want: dict, process_index: int, process
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         for name, dtype in (("ids.npy", np.int32), ("lengths.npy", np.uint8)):
-            np.lib.format.open_memmap(staging / name, mode="w+", dtype=dtype, shape=(n_tok,)).flush()
+            reserved_npy(staging / name, dtype, n_tok).flush()
     barrier("tags-staged")
     bounds = np.linspace(0, n_tok, process_count + 1).astype(np.int64)
     span = (int(bounds[process_index]), int(bounds[process_index + 1]))

@@ -1,6 +1,7 @@
 """`scone-jax fgrams ...` end to end, and every bad input as a one-line error."""
 
 import argparse
+import errno
 import json
 import os
 import subprocess
@@ -72,6 +73,29 @@ def test_build_dump_tag_stats_from_arrays(arrays, capsys):
     assert (tmp / "s.png").is_file()
     code, out, _ = run(capsys, "stats", tmp / "set", "--token-ids", tmp / "ids.npy")
     assert code == 0 and "ids.npy" in out
+
+
+def test_a_disk_without_room_for_the_tags_is_one_error_and_no_file(arrays, capsys, monkeypatch):
+    """Tags are written through memory maps, which on a full disk die with SIGBUS mid-write; their
+    blocks are reserved first, so a full disk is a one-line error and leaves no file behind."""
+    tmp, _, tokens = arrays
+    code, _, err = run(capsys, "build", "--token-ids", tmp / "ids.npy", "--doc-lengths", tmp / "lens.npy",
+                       "--out", tmp / "set", "--max-n", 3, "--num-fgrams", 100, "--min-count", 2)
+    assert code == 0, err
+    before = sorted(os.listdir(tmp))
+    asked = []
+
+    def no_space(fd, offset, length):
+        asked.append((offset, length))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    code, _, err = run(capsys, "tag", tmp / "set", "--token-ids", tmp / "ids.npy", "--doc-lengths", tmp / "lens.npy",
+                       "--out-ids", tmp / "t_ids.npy", "--out-lengths", tmp / "t_lens.npy")
+    assert code == 2 and err.count("\n") == 1
+    assert f"cannot write {tmp / 't_ids.npy'} and {tmp / 't_lens.npy'}: [Errno 28] No space left on device" in err
+    assert len(asked) == 1 and asked[0][0] == 0 and asked[0][1] >= 4 * len(tokens)  # the whole ids file
+    assert sorted(os.listdir(tmp)) == before
 
 
 def test_dataset_workflow_with_text(tmp_path, capsys, rng):

@@ -1,5 +1,8 @@
 """Tagging against the brute-force longest match, in every form."""
 
+import errno
+import os
+
 import numpy as np
 import pytest
 
@@ -142,6 +145,27 @@ def test_tags_are_stored_beside_the_dataset_and_reused(tmp_path, rng, monkeypatc
     monkeypatch.setattr(tag_mod, "tag_corpus", boom)
     ids2, _ = tags_for_dataset(tmp_path / "ds", fs, progress=False)
     assert isinstance(ids2, np.memmap) and ids2.tolist() == want_ids
+
+
+def test_tags_that_do_not_fit_beside_the_dataset_are_one_error_and_no_directory(tmp_path, rng, monkeypatch):
+    """A disk without room for the tags refuses them before any write through the memory map
+    (where a full disk kills the process with SIGBUS): one clear error, no tags directory."""
+    docs = [rng.integers(0, 6, int(rng.integers(0, 400))) for _ in range(10)]
+    ds = make_dataset(tmp_path / "ds", docs, 6)
+    fs = select_fgrams(Corpus.from_dataset(ds), 4, 50, 2, progress=False)
+    fs.save(tmp_path / "set")
+    fs = FgramSet.load(tmp_path / "set")
+
+    def no_space(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    with pytest.raises(UserError, match=r"cannot write .*/ds/tags/\w+: \[Errno 28\] No space left on device"):
+        tags_for_dataset(ds, fs, progress=False)
+    assert not any((tmp_path / "ds" / "tags").iterdir())
+    monkeypatch.undo()
+    ids, lens = tags_for_dataset(ds, fs, progress=False)  # with room, the same call stores them
+    assert (ids.tolist(), lens.tolist()) == expected(fs, docs)
 
 
 def test_tokenizer_mismatch_is_refused(tmp_path, rng):
