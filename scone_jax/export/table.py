@@ -68,11 +68,10 @@ def fgram_rows_fn(run: RunParams, combine: str):
     def rows(params, node_tokens, paths, outputs, row_outputs, last_tokens):
         with activation_sharding(mesh, rules):
             model = handle.merge(params)
-            table = model.backbone.embed_table[...]
-            nodes = model.fgram.forest(jnp.take(table, node_tokens, axis=0), paths, outputs)
+            nodes = model.fgram.forest(model.backbone.table_rows(node_tokens), paths, outputs)
             out = jnp.take(nodes.reshape(-1, nodes.shape[-1]), row_outputs, axis=0).astype(jnp.float32)
             if combine == "replace":
-                out = out - jnp.take(table, last_tokens, axis=0).astype(jnp.float32)
+                out = out - model.backbone.table_rows(last_tokens).astype(jnp.float32)
         return out
 
     return jax.jit(rows)

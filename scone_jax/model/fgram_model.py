@@ -73,7 +73,8 @@ class FgramModel(nnx.Module):
         x = token_embeddings.astype(self.dtype)
         if self.projected:
             x = x @ self.proj_in[...].astype(self.dtype)
-        x = x + jnp.take(self.pos_embed[...], positions, axis=0).astype(self.dtype)
+        table = constrain(self.pos_embed[...], (None, None))  # K rows: gathered rows are batch-sharded
+        x = x + jnp.take(table, positions, axis=0).astype(self.dtype)
         return constrain(x, ("batch", "seq", "embed"))
 
     def _output(self, h: jax.Array) -> jax.Array:

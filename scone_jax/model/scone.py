@@ -27,14 +27,12 @@ class SconeModel(nnx.Module):
 
     def fgram_embeddings(self, fgram_tokens: jax.Array, fgram_lengths: jax.Array) -> jax.Array:
         """F(w) for each f-gram in the buffer: [C, K] tokens (right-padded), [C] lengths -> [C, d]."""
-        table = self.backbone.embed_table[...]
-        return self.fgram(jnp.take(table, jnp.maximum(fgram_tokens, 0), axis=0), fgram_lengths)
+        return self.fgram(self.backbone.table_rows(jnp.maximum(fgram_tokens, 0)), fgram_lengths)
 
     def input_embeddings(self, tokens, fgram_index, fgram_nodes, fgram_paths, fgram_outputs) -> jax.Array:
         """T(s_i), with the f-gram embedding replacing or added to it where a match exists."""
         x = self.backbone.embed(tokens)
-        table = self.backbone.embed_table[...]
-        outputs = self.fgram.forest(jnp.take(table, fgram_nodes, axis=0), fgram_paths, fgram_outputs).astype(x.dtype)
+        outputs = self.fgram.forest(self.backbone.table_rows(fgram_nodes), fgram_paths, fgram_outputs).astype(x.dtype)
         rows = outputs.reshape(-1, outputs.shape[-1])
         matched = (fgram_index >= 0)[..., None]
         gathered = constrain(jnp.take(rows, jnp.maximum(fgram_index, 0), axis=0), ("batch", "seq", "embed"))

@@ -34,18 +34,25 @@ class Transformer(nnx.Module):
         if not cfg.tie_embeddings:
             self.lm_head = param(rngs, (cfg.d_model, vocab_size), ("embed", "vocab"), cfg.init_std, pdt)
 
+    def table_rows(self, ids: jax.Array) -> jax.Array:
+        """Rows of T at `ids` (any shape), in the parameter dtype. The table's embed dim is
+        gathered first (as FSDP does for any weight), so the rows come out sharded like `ids`:
+        looked up in an embed-sharded table, SPMD replicated the whole batch's rows instead."""
+        return jnp.take(constrain(self.embed_table[...], ("vocab", None)), ids, axis=0)
+
     def embed(self, tokens: jax.Array) -> jax.Array:
         """T(s_i): [B, T] int -> [B, T, d] in the compute dtype."""
-        x = jnp.take(self.embed_table[...], tokens, axis=0).astype(self.dtype)
-        return constrain(x, ("batch", "seq", "embed"))
+        return constrain(self.table_rows(tokens).astype(self.dtype), ("batch", "seq", "embed"))
 
     def hidden(self, x: jax.Array, positions: jax.Array | None = None) -> jax.Array:
         """Input embeddings [B, T, d] -> final normed hidden states [B, T, d]."""
         length = x.shape[1]
+        if self.cfg.family == "gpt2":  # positions 0..T-1 (training) are a slice, not a gather
+            table = self.pos_embed[...]
+            rows = table[None, :length] if positions is None else jnp.take(table, positions, axis=0)
+            x = x + rows.astype(self.dtype)
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(length), x.shape[:2])
-        if self.cfg.family == "gpt2":
-            x = x + jnp.take(self.pos_embed[...], positions, axis=0).astype(self.dtype)
         mask = causal_mask(length)
         for block in self.blocks:
             x = block(x, positions, mask)

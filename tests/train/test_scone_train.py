@@ -35,6 +35,19 @@ def test_one_device_equals_eight_and_both_modes_train(markov_dataset, tmp_path, 
                for r in records)
 
 
+def test_the_sharded_step_never_replicates_what_it_shards(markov_dataset, tmp_path):
+    """On the data x fsdp x tensor mesh every lookup (tokens, f-gram nodes, positions), in training
+    and in export, comes out batch-sharded: XLA's SPMD partitioner falls back to replicating a tensor (and says so) when
+    it cannot reshard it, which on a real mesh means every device computing the whole batch."""
+    run = cli_run(["train", "tiny", *scone_overrides(markov_dataset.path, tmp_path / "run", 2, **{
+        "mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "train.eval_every": 2})])
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "Involuntary full rematerialization" not in run.stderr
+    export = cli_run(["export", tmp_path / "run", "--out", tmp_path / "table"])  # on the run's mesh
+    assert export.returncode == 0, export.stderr[-2000:]
+    assert "Involuntary full rematerialization" not in export.stderr
+
+
 def test_scone_kill_and_resume_is_bitwise_identical(markov_dataset, tmp_path):
     args = lambda name: ["train", "tiny", *scone_overrides(markov_dataset.path, tmp_path / name, 20)]  # noqa: E731
     straight = cli_run(args("straight"))
