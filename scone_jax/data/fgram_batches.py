@@ -184,10 +184,9 @@ def forest_layout(forest: PrefixForest, groups: int, block: int, granule: int = 
     Nodes are cut into chunks in depth-first order (`chunk_trees`), so a chunk's nodes find their
     ancestors in the chunk, except the ancestors of its first node: those are copied to the
     chunk's first slots (slot = chunk offset + depth; a copy computes the same state as its
-    original, since a node depends on its path alone). Chunks are packed into blocks
-    (`pack_chunks`). Of the two cuts, per tree (small trees share a block without copies; the
-    common case in text) or of the whole order (no room left unused; better when most trees
-    are larger than a block), the one with fewer blocks is used. Blocks are dealt round-robin to
+    original, since a node depends on its path alone). Cut per tree, small trees share blocks
+    without copies (`pack_chunks`; the common case in text); where cutting the whole order into
+    full blocks needs fewer blocks (mostly trees larger than a block), that cut is used. Blocks are dealt round-robin to
     `groups` groups of N blocks: the fullest group's count rounded up to `granule`, and at least
     `min_blocks` (a calibrated capacity). Padding slots are a one-token f-gram of token 0 whose
     output nobody reads. The rows' nodes (distinct: each row is a different f-gram) are each
@@ -197,20 +196,20 @@ def forest_layout(forest: PrefixForest, groups: int, block: int, granule: int = 
     if block < k:
         raise ValueError(f"block={block} slots cannot hold an f-gram of {k} tokens")
     order = preorder(forest.paths)
-    packings = []
-    for per_tree in (True, False):  # small trees packed together, or one stream of full blocks
-        starts, copies = chunk_trees(order, forest, block, per_tree)
-        packings.append((*pack_chunks(np.diff(np.append(starts, n)) + copies, block), starts, copies))
-    chunk_block, chunk_offset, num_blocks, starts, copies = min(packings, key=lambda p: p[2])
+    starts, copies = chunk_trees(order, forest, block, per_tree=True)
+    chunk_block, chunk_offset, num_blocks = pack_chunks(np.diff(np.append(starts, n)) + copies, block)
+    stream_starts, stream_copies = chunk_trees(order, forest, block, per_tree=False)
+    if len(stream_starts) < num_blocks:  # one stream of full blocks: chunk c is block c
+        starts, copies, num_blocks = stream_starts, stream_copies, len(stream_starts)
+        chunk_block, chunk_offset = np.arange(num_blocks), np.zeros(num_blocks, np.int64)
     need = -(-num_blocks // groups)
     blocks = max(min_blocks, round_up(max(need, 1), granule))
-    # block b is block b // G of group b % G; a chunk starts at its block's base + its offset
-    chunk_base = (chunk_block % groups * blocks + chunk_block // groups) * block + chunk_offset
+    block_base = (chunk_block % groups * blocks + chunk_block // groups) * block  # block b: group b % G
     pos = np.empty(n, np.int64)
     pos[order] = np.arange(n)
     chunk_of = np.searchsorted(starts, pos, side="right") - 1  # per node
     within = chunk_offset[chunk_of] + copies[chunk_of] + pos - starts[chunk_of]  # slot within the block
-    slot = chunk_base[chunk_of] - chunk_offset[chunk_of] + within
+    slot = block_base[chunk_of] + within
     tokens, paths = empty_buffers(groups, blocks, block, k)
     flat_tokens, flat_paths = tokens.reshape(-1), paths.reshape(-1, k)
     flat_tokens[slot] = forest.tokens
@@ -222,9 +221,10 @@ def forest_layout(forest: PrefixForest, groups: int, block: int, granule: int = 
     copy_chunk = np.repeat(np.arange(len(starts)), copies)
     copy_depth = np.arange(len(copy_chunk)) - np.repeat(np.cumsum(copies) - copies, copies)
     original = forest.paths[order[starts[copy_chunk]], copy_depth]
-    flat_tokens[chunk_base[copy_chunk] + copy_depth] = forest.tokens[original]
-    flat_paths[chunk_base[copy_chunk] + copy_depth] = np.where(
-        np.arange(k) <= copy_depth[:, None], chunk_offset[copy_chunk][:, None] + np.arange(k), -1)
+    copy_slot = block_base[copy_chunk] + chunk_offset[copy_chunk] + copy_depth
+    flat_tokens[copy_slot] = forest.tokens[original]
+    flat_paths[copy_slot] = np.where(np.arange(k) <= copy_depth[:, None],
+                                     chunk_offset[copy_chunk][:, None] + np.arange(k), -1)
     # outputs: each row's node, grouped by its block's group, in slot order
     row_slot = slot[forest.node_of_row]
     row_group = row_slot // (blocks * block)

@@ -120,17 +120,17 @@ def reserved_npy(path, dtype, length: int) -> np.memmap:
     front: a full disk then fails here with OSError(ENOSPC) and leaves no file, where writes
     through a sparse mapping would kill the process with SIGBUS."""
     array = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=(length,))
+    if not hasattr(os, "posix_fallocate"):  # Linux and the BSDs have it; macOS does not
+        return array
+    fd = os.open(path, os.O_RDWR)
     try:
-        fd = os.open(path, os.O_RDWR)
-        try:
-            if hasattr(os, "posix_fallocate"):  # Linux and the BSDs
-                os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
-        finally:
-            os.close(fd)
+        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
     except OSError:
         del array
         Path(path).unlink(missing_ok=True)
         raise
+    finally:
+        os.close(fd)
     return array
 
 

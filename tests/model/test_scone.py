@@ -176,6 +176,24 @@ def test_prefix_forest_has_one_node_per_distinct_prefix(groups, block, rng):
     assert per_group.max() - per_group.min() <= 1 and per_group.max() == layout.need
 
 
+def test_mostly_large_trees_are_laid_out_as_one_stream_of_full_blocks(rng):
+    """With trees larger than a block, packing the pieces of each tree can leave room unused; the
+    layout then cuts the whole depth-first order into full blocks, exactly as the brute-force
+    walk over all trees does, whenever that needs fewer blocks."""
+    streams = 0
+    for _ in range(60):  # each draw reaches the stream case with p ~ 0.2
+        set_tokens, set_lengths = random_fgram_set(rng, 80, vocab=6)
+        forest = prefix_forest(set_tokens, set_lengths, share_prefixes=True)
+        layout = forest_layout(replace(forest, tokens=forest.tokens + 1), 1, 7)  # padding: token 0
+        greedy_blocks, greedy_copies = greedy_blocks_and_copies(forest, 7)
+        assert layout.need <= greedy_blocks
+        copies = int((layout.tokens > 0).sum()) - len(forest.tokens)
+        if copies == greedy_copies != copies_needed(forest, 7):
+            assert layout.need == greedy_blocks
+            streams += 1
+    assert streams > 0  # the draws do reach that case
+
+
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_forest_equals_the_fgram_model_on_each_fgram_alone(family, rng):
     """What training computes (the forest) equals what export computes (each f-gram padded to K)."""
