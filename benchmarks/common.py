@@ -39,10 +39,11 @@ def matmul_peak(n: int = 1024, repeats: int = 20) -> float:
     return 2 * n**3 / best
 
 
-def interleaved_timings(fns: dict, rounds: int, seed: int = 0) -> tuple[dict[str, float], dict[str, float]]:
+def interleaved_timings(fns: dict, rounds: int, seed: int = 0) -> tuple[dict[str, float], dict[str, float], dict]:
     """Median seconds per call of each fn, calling each once per round in a fresh random order
-    (drift hits all alike, and none always runs right after the same other), and the median
-    over rounds of each fn's time relative to the first fn's in that round."""
+    (drift hits all alike, and none always runs right after the same other), the median over
+    rounds of each fn's time relative to the first fn's in that round, and a bootstrap 90%
+    interval of that median (how far this run's ratio can be trusted)."""
     rng = np.random.default_rng(seed)
     names = list(fns)
     times = {k: [] for k in names}
@@ -52,5 +53,8 @@ def interleaved_timings(fns: dict, rounds: int, seed: int = 0) -> tuple[dict[str
             fns[names[i]]()
             times[names[i]].append(time.perf_counter() - t)
     first = np.array(times[names[0]])
+    ratios = {k: np.array(v) / first for k, v in times.items()}
+    resampled = {k: np.median(r[rng.integers(0, rounds, (2000, rounds))], axis=1) for k, r in ratios.items()}
     return ({k: float(np.median(v)) for k, v in times.items()},
-            {k: float(np.median(np.array(v) / first)) for k, v in times.items()})
+            {k: float(np.median(r)) for k, r in ratios.items()},
+            {k: (float(np.quantile(m, 0.05)), float(np.quantile(m, 0.95))) for k, m in resampled.items()})
