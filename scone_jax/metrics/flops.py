@@ -96,12 +96,13 @@ def model_flops(cfg: ModelConfig, vocab_size: int, seq_len: int) -> ModelFlops:
 
 def fgram_forest_forward(fgram: FgramConfig, backbone: ModelConfig, slots: int, outputs: int) -> float:
     """Forward FLOPs of the f-gram model on a prefix forest of `slots` node slots, `outputs` of
-    them read: each slot is one position attending over K path slots; the last layer's output
-    projection and MLP, and the projection out to the backbone's width, run on the outputs."""
+    them read: each slot is one position attending densely over its block's slots (what runs,
+    though only its path counts); the last layer's output projection and MLP, and the projection
+    out to the backbone's width, run on the outputs."""
     cfg = fgram.model_config(backbone)
     proj = 2 * backbone.d_model * cfg.d_model if cfg.d_model != backbone.d_model else 0
     tail = 2 * (cfg.n_heads * cfg.head_dim * cfg.d_model + _mlp_params(cfg))
-    return slots * (_forward_per_token(cfg, fgram.max_n) + proj) - (slots - outputs) * tail + outputs * proj
+    return slots * (_forward_per_token(cfg, fgram.block_size) + proj) - (slots - outputs) * tail + outputs * proj
 
 
 def fgram_forward_per_row(fgram: FgramConfig, backbone: ModelConfig, length: int) -> float:

@@ -6,11 +6,12 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from scone_jax.config import ModelConfig, OptimConfig
+from scone_jax.config import ModelConfig, OptimConfig, load_config
 from scone_jax.dist.mesh import make_mesh, resolve_mesh_shape
 from scone_jax.dist.rules import DEFAULT_RULES, fit_spec, logical_to_spec, make_rules
 from scone_jax.errors import UserError
 from scone_jax.model import Transformer
+from scone_jax.model.scone import SconeModel
 from scone_jax.train.optimizer import make_optimizer
 from scone_jax.train.state import setup_train_state
 
@@ -93,3 +94,23 @@ def test_mesh_shapes():
     mesh = make_mesh(2, -1, 2)
     assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
     assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
+
+
+def test_one_rules_table_shards_both_models_and_the_fgram_layout_is_a_config_change():
+    """The f-gram model's parameters follow the backbone's rows unless a "fgram/<name>" row (a
+    `mesh.rules` entry in the config) overrides them, which leaves the backbone untouched."""
+    mesh = make_mesh(2, 2, 2)
+    tx, _ = make_optimizer(OptimConfig(), 10)
+
+    def specs(*overrides):
+        cfg = load_config("tiny_scone", ["fgrams.d_model=64", *overrides])  # narrower: projections too
+        build = lambda r: SconeModel(cfg.model, cfg.fgrams, 128, rngs=r)  # noqa: E731
+        return flat_specs(setup_train_state(build, tx, 0, mesh, make_rules(cfg.mesh.rules)).shardings["params"])
+
+    default, changed = specs(), specs("mesh.rules={fgram/mlp: null, fgram/embed: [data, fsdp]}")
+    assert {"fgram/proj_in", "fgram/proj_out", "fgram/pos_embed", "fgram/blocks/1/mlp/w_out"} <= set(default)
+    assert default["fgram/blocks/0/mlp/w_in"] == default["backbone/blocks/0/mlp/w_in"] == str(P("fsdp", "tensor"))
+    assert changed["fgram/blocks/0/mlp/w_in"] == str(P(("data", "fsdp"), None))
+    assert changed["fgram/blocks/1/attn/wq"].startswith(str(P(("data", "fsdp"))).removesuffix(")"))
+    assert {n: s for n, s in changed.items() if n.startswith("backbone/")} == \
+           {n: s for n, s in default.items() if n.startswith("backbone/")}

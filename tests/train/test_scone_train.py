@@ -19,13 +19,14 @@ def scone_overrides(dataset, run_dir, steps, **extra):
     return tiny_overrides(dataset, run_dir, steps, **{**SCONE, **extra})
 
 
-@pytest.mark.parametrize("combine", ["replace", "add"])
-def test_one_device_equals_eight_and_both_modes_train(markov_dataset, tmp_path, combine):
+@pytest.mark.parametrize("combine, fgram_rules", [  # the second with its own layout for the f-gram model
+    ("replace", {}), ("add", {"mesh.rules": "{fgram/mlp: null, fgram/heads: null, fgram/embed: [fsdp, data]}"})])
+def test_one_device_equals_eight_and_both_modes_train(markov_dataset, tmp_path, combine, fgram_rules):
     one = cli_run(["train", "tiny", *scone_overrides(markov_dataset.path, tmp_path / "one", 16,
                                                      **{"fgrams.combine": combine})], devices=1)
     assert one.returncode == 0, one.stderr[-2000:]
     train(load_config("tiny", scone_overrides(markov_dataset.path, tmp_path / "eight", 16, **{
-        "fgrams.combine": combine, "mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2})))
+        "fgrams.combine": combine, "mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, **fgram_rules})))
     a, b = losses(tmp_path / "one"), losses(tmp_path / "eight")
     assert sorted(a) == sorted(b) == list(range(1, 17))
     np.testing.assert_allclose([a[s] for s in a], [b[s] for s in a], rtol=2e-5)
