@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 FAKE_DEVICES := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
-.PHONY: venv demo test test-slow test-all test-faults bench lint clean
+.PHONY: venv demo test test-slow test-all test-faults bench gpu-check lint clean
 
 venv:
 	@want=$$($(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "need Python >= 3.11"; print("%d.%d" % sys.version_info[:2])') \
@@ -36,6 +36,15 @@ test-faults: venv
 
 bench: venv
 	$(PY) -m benchmarks.run_all --out BENCHMARKS.md
+
+# On a lent GPU machine (no network, Python 3.12 with jax): wheels its image lacks travel in .whl
+# (benchmarks/gpu_wheels.sh fetches them here); results go to $OUT/gpu_check.md (GPU_CHECK_ARGS="--parts scone --quick" for less).
+GPU_PYTHON ?= python3
+gpu-check:
+	@if ls .whl/*.whl >/dev/null 2>&1; then \
+	  $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+	    --target /tmp/scone-site .whl/*.whl || exit 1; fi; \
+	PYTHONPATH=/tmp/scone-site$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check scone_jax tests benchmarks experiments launch

@@ -53,11 +53,11 @@ def shipped_fgrams(scone_preset: str, preset: str) -> tuple[str, ...]:
 
 
 def measure(preset: str, rounds: int, workdir, modes=("baseline", "dedup", "plain"), batch_size: int = 0,
-            fgrams: tuple[str, ...] = EVERY_FGRAM) -> dict:
+            fgrams: tuple[str, ...] = EVERY_FGRAM, overrides: tuple[str, ...] = ()) -> dict:
     """Step times of `modes` on `preset` with the f-gram settings `fgrams` (at `batch_size`
-    windows per batch, when given)."""
-    batch = [f"train.batch_size={batch_size}"] if batch_size else []
-    cfg = load_config(preset, ["fgrams.enabled=true", *fgrams, *batch])
+    windows per batch, when given; `overrides` apply to every mode)."""
+    common = [*([f"train.batch_size={batch_size}"] if batch_size else []), *overrides]
+    cfg = load_config(preset, ["fgrams.enabled=true", *fgrams, *common])
     dataset, source = real_text_dataset(cfg.data.tokenizer_vocab_size, workdir)
     vocab = dataset.vocab_size
     mesh, rules = make_mesh(), make_rules()
@@ -68,8 +68,8 @@ def measure(preset: str, rounds: int, workdir, modes=("baseline", "dedup", "plai
     steps = {}
     for mode in modes:
         scone = mode != "baseline"
-        run_cfg = load_config(preset, batch if not scone else [
-            "fgrams.enabled=true", *fgrams, f"fgrams.dedup={'true' if mode == 'dedup' else 'false'}", *batch])
+        run_cfg = load_config(preset, common if not scone else [
+            "fgrams.enabled=true", *fgrams, f"fgrams.dedup={'true' if mode == 'dedup' else 'false'}", *common])
         transform = None
         if scone:
             inputs = prepare_fgram_inputs(run_cfg.fgrams, dataset, train_ids, workdir / f"run_{preset}_{mode}",

@@ -1,0 +1,152 @@
+"""One prepared run for a lent accelerator (`make gpu-check`): the model-level equivalence tests on
+the accelerator, then SCONE's train step against the baseline (tiny, small, and a GPT-2 128M-shaped
+backbone at 16 x 1024 tokens in bfloat16) and decoding with the table in host RAM or on disk
+against the baseline. Writes OUT/gpu_check.md (and prints it) as soon as each part is done, so a
+run cut short still leaves what it measured.
+
+Accelerator time is scarce: `--parts` picks parts for a rerun, `--quick` is a smoke run (any
+backend, a minute on CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from benchmarks import bench_scone, bench_serve
+
+REPO = Path(__file__).resolve().parents[1]
+PARTS = ("tests", "scone", "serve")
+# tests that need no mesh of fake devices: they run on whatever device jax picks
+MODEL_TESTS = ("tests/model", "tests/metrics")
+GPT2_128M_SHAPED = ("data.tokenizer_vocab_size=8192",)  # a vocabulary the default corpus can train
+
+
+def device_line() -> str:
+    devices = jax.devices()
+    return (f"{len(devices)} x {devices[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}, "
+            f"Python {platform.python_version()}")
+
+
+def run_tests(quick: bool) -> list[str]:
+    """The model tests in a fresh process on this backend, matmuls at full float32 precision (the
+    equivalence tests compare float32 results; TF32 would blur them)."""
+    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS") or jax.default_backend(),
+           "JAX_DEFAULT_MATMUL_PRECISION": "highest", "PYTHONUNBUFFERED": "1"}
+    targets = [f"{MODEL_TESTS[1]}"] if quick else list(MODEL_TESTS)
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *targets],
+                          cwd=REPO, env=env, capture_output=True, text=True)
+    summary = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
+    lines = ["## Model tests on the accelerator", "",
+             f"`pytest {' '.join(targets)}` with JAX_PLATFORMS={env['JAX_PLATFORMS']}, matmul precision highest: "
+             f"**{summary}** (exit {done.returncode}, {time.perf_counter() - start:.0f} s)."]
+    if done.returncode:
+        failed = [line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+        lines += ["", "```", *failed[:20], *done.stderr.strip().splitlines()[-10:], "```"]
+    return lines
+
+
+def scone_steps(quick: bool, work: Path) -> list[str]:
+    """SCONE dedup and plain train steps against the baseline, with each setting's distinct ratio
+    and the f-gram model's share of the FLOPs."""
+    settings = [("tiny", "tiny", 16, ()), ("small", "small", 16, ())]
+    if not quick:
+        settings.append(("GPT-2 128M-shaped (d 1024, 6 layers, bf16), 16 x 1024", "paper/gpt2_128m", 16,
+                         GPT2_128M_SHAPED))
+    lines = ["## SCONE train step vs the baseline on the accelerator", "",
+             "F-gram model 1x, K = 5, every f-gram of count >= 3 in the text (up to 100K), as in BENCHMARKS.md; "
+             "ratios are medians of per-round ratios in lockstep, with bootstrap 90% intervals.", "",
+             "| setting | f-grams | baseline step | dedup | ratio | plain | ratio | distinct ratio | prefix nodes "
+             "per position | f-gram FLOPs / backbone FLOPs (dedup) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, preset, batch, overrides in settings:
+        folder = work / preset.replace("/", "_")
+        folder.mkdir(parents=True)
+        r = bench_scone.measure(preset, 3 if quick else 30, folder, batch_size=batch, overrides=overrides)
+        t, ratio, interval = r["times"], r["ratios"], r["intervals"]
+        shown = {m: f"{ratio[m]:.2f}x ({interval[m][0]:.2f}-{interval[m][1]:.2f})" for m in ("dedup", "plain")}
+        d = r["dedup"]
+        lines.append(f"| {name} | {r['num_fgrams']:,} | {t['baseline'] * 1e3:.2f} ms | {t['dedup'] * 1e3:.2f} ms | "
+                     f"{shown['dedup']} | {t['plain'] * 1e3:.2f} ms | {shown['plain']} | "
+                     f"{d['distinct_ratio']:.2f} | {d['fgram_nodes'] / r['positions']:.2f} | "
+                     f"{d['fgram_flops_fraction']:.2f} |")
+    return lines
+
+
+def serve_decode(quick: bool, work: Path) -> list[str]:
+    """Decode tok/s with the table in host RAM and on disk against the baseline (bench_serve's
+    method), where the device step is fast and the host-side lookup weighs most."""
+    from flax import nnx
+
+    from scone_jax.config import load_config
+    from scone_jax.model import Transformer
+    from scone_jax.serve.engine import Engine
+    from scone_jax.serve.input_layer import TableLookup
+    from scone_jax.serve.tables import open_table
+
+    cfg = load_config("small")
+    rows = 100_000 if quick else 1_000_000
+    side = int(np.ceil(np.sqrt(rows)))
+    url = bench_serve.bigram_table(work / "table", rows, cfg.model.d_model, side)
+    backbone = Transformer(cfg.model, side, rngs=nnx.Rngs(0))
+    base = Engine(backbone, None)
+    tiers = {"RAM": Engine(backbone, TableLookup(open_table(url, "host"))),
+             "disk": Engine(backbone, TableLookup(open_table(url, "disk", cache_bytes=64 << 20)))}
+    new_tokens = 16 if quick else 64
+    lines = ["## Decoding with the table off the accelerator", "",
+             f"Small preset backbone, vocabulary {side:,}, a table of {rows:,} bigram rows (bfloat16), 32-token "
+             f"prompts, {new_tokens} new tokens sampled; each tier in lockstep with the baseline.", "",
+             "| batch | tier | baseline tok/s | tier tok/s | tier / baseline |", "|---|---|---|---|---|"]
+    for batch in (1, 16):
+        for tier, engine in tiers.items():
+            rates, ratio, interval = bench_serve.decode_rates({"base": base, tier: engine}, batch, side,
+                                                              new_tokens, 2 if quick else 15)
+            lines.append(f"| {batch} | {tier} | {rates['base']:,.0f} | {rates[tier]:,.0f} | "
+                         f"{ratio[tier]:.2f} ({interval[tier][0]:.2f}-{interval[tier][1]:.2f}) |")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT") or "gpu_check_out")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {PARTS}")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    parts = [p for p in args.parts.split(",") if p]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        parser.error(f"unknown parts {unknown} (expected some of {PARTS})")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = out / "gpu_check.md"
+    lines = ["# Accelerator check", "", f"{datetime.date.today().isoformat()}: {device_line()}."]
+    work = Path(tempfile.mkdtemp(prefix="scone-gpu-check-"))
+    for part in parts:
+        start = time.perf_counter()
+        print(f"== {part}", file=sys.stderr, flush=True)
+        try:
+            if part == "tests":
+                section = run_tests(args.quick)
+            else:
+                section = {"scone": scone_steps, "serve": serve_decode}[part](args.quick, work / part)
+        except Exception as e:  # keep the other parts' results
+            section = [f"## {part}", "", f"failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}"]
+        lines += ["", *section, "", f"({part}: {time.perf_counter() - start:.0f} s)"]
+        report.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
