@@ -12,7 +12,7 @@ import sys
 import jax
 import numpy as np
 
-from benchmarks.common import interleaved_timings, real_text_dataset
+from benchmarks.common import interleaved_timings, ratio_text, real_text_dataset
 from scone_jax.config import load_config
 from scone_jax.data.fgram_batches import prepare_fgram_inputs
 from scone_jax.data.pipeline import BatchStream, WindowSource, split_documents
@@ -130,8 +130,7 @@ def measure_without_refaults(preset: str, rounds: int, workdir) -> dict:
 
 
 def with_interval(result: dict) -> str:
-    lo, hi = result["intervals"]["dedup"]
-    return f"{result['ratios']['dedup']:.2f}x ({lo:.2f}-{hi:.2f})"
+    return ratio_text(result["ratios"]["dedup"], result["intervals"]["dedup"], "x")
 
 
 def run(quick: bool = False) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from flax import nnx
 
-from benchmarks.common import matmul_peak, median_interval
+from benchmarks.common import matmul_peak, median_interval, ratio_text
 from scone_jax.config import load_config
 from scone_jax.export.table_store import (
     FGRAM_SET_DIR,
@@ -115,6 +115,27 @@ def decode_rates(engines: dict[str, Engine], batch: int, side: int, new_tokens: 
             {k: median_interval(r, rng) for k, r in ratios.items()})
 
 
+def table_engines(path: Path, rows: int, model_cfg) -> tuple[int, Engine, dict[str, Engine]]:
+    """A bigram table of `rows` rows at `path`, a backbone whose vocabulary is its side (every
+    bigram is in the table), and the engines: (side, baseline, {"RAM": ..., "disk": ...})."""
+    side = int(np.ceil(np.sqrt(rows)))
+    url = bigram_table(path, rows, model_cfg.d_model, side)
+    backbone = Transformer(model_cfg, side, rngs=nnx.Rngs(0))
+    tiers = {"RAM": open_table(url, "host"), "disk": open_table(url, "disk", cache_bytes=64 << 20)}
+    return side, Engine(backbone, None), {tier: Engine(backbone, TableLookup(table)) for tier, table in tiers.items()}
+
+
+def tier_rates(base: Engine, tiers: dict[str, Engine], batch: int, side: int, new_tokens: int,
+               rounds: int) -> dict[str, tuple[float, float, str]]:
+    """Each tier in lockstep with the baseline alone (`decode_rates`): tier -> (baseline tok/s in
+    that lockstep, the tier's tok/s, its ratio with interval)."""
+    out = {}
+    for tier, engine in tiers.items():
+        rates, ratio, interval = decode_rates({"base": base, tier: engine}, batch, side, new_tokens, rounds)
+        out[tier] = (rates["base"], rates[tier], ratio_text(ratio[tier], interval[tier]))
+    return out
+
+
 def lookup_latency(table, batch: int, rows: int, repeats: int = 200) -> float:
     """Seconds per token to fetch the rows of `batch` tokens (random ids, deduplicated; a seed per
     batch size, so rows read for an earlier size are not cache hits here)."""
@@ -156,21 +177,12 @@ def run(quick: bool = False) -> str:
              "|---|---|---|---|---|---|---|---|"]
     latency_rows = []
     for rows in sizes:
-        side = int(np.ceil(np.sqrt(rows)))
-        url = bigram_table(work / f"t{rows}", rows, width, side)
-        backbone = Transformer(cfg.model, side, rngs=nnx.Rngs(0))  # vocab = side: every bigram is in the table
-        base = Engine(backbone, None)
-        host = Engine(backbone, TableLookup(open_table(url, "host")))
-        disk = Engine(backbone, TableLookup(open_table(url, "disk", cache_bytes=64 << 20)))
+        side, base, tiers = table_engines(work / f"t{rows}", rows, cfg.model)
         for batch in (1, 16):
-            cells = []
-            for tier, engine in (("host", host), ("disk", disk)):  # each tier in lockstep with the baseline alone
-                rates, ratio, interval = decode_rates({"base": base, tier: engine}, batch, side, new_tokens,
-                                                      2 if quick else 31)
-                cells += [f"{rates['base']:,.0f}", f"{rates[tier]:,.0f}",
-                          f"{ratio[tier]:.2f} ({interval[tier][0]:.2f}-{interval[tier][1]:.2f})"]
-            lines.append(f"| {rows:,} | {batch} | " + " | ".join(cells) + " |")
-        for tier, engine in (("RAM", host), ("disk", disk)):
+            measured = tier_rates(base, tiers, batch, side, new_tokens, 2 if quick else 31)
+            lines.append(f"| {rows:,} | {batch} | " + " | ".join(
+                f"{base_rate:,.0f} | {rate:,.0f} | {ratio}" for base_rate, rate, ratio in measured.values()) + " |")
+        for tier, engine in tiers.items():
             latency_rows.append((rows, tier, [lookup_latency(engine.lookup.table, bs, rows) for bs in (1, 2, 4, 8, 16)]))
     shutil.rmtree(work, ignore_errors=True)  # the tables take GBs
     row_bytes = width * 2

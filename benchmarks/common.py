@@ -63,3 +63,8 @@ def median_interval(samples: np.ndarray, rng: np.random.Generator, resamples: in
     """Bootstrap 90% interval of the median of `samples` (per-round ratios)."""
     medians = np.median(samples[rng.integers(0, len(samples), (resamples, len(samples)))], axis=1)
     return float(np.quantile(medians, 0.05)), float(np.quantile(medians, 0.95))
+
+
+def ratio_text(ratio: float, interval: tuple[float, float], unit: str = "") -> str:
+    """A ratio and its bootstrap interval as the tables show them: "1.40x (1.36-1.43)"."""
+    return f"{ratio:.2f}{unit} ({interval[0]:.2f}-{interval[1]:.2f})"

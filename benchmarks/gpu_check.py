@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 import jax
-import numpy as np
 
 from benchmarks import bench_scone, bench_serve
+from benchmarks.common import ratio_text
 
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("tests", "scone", "serve")
@@ -74,8 +74,8 @@ def scone_steps(quick: bool, work: Path) -> list[str]:
         folder = work / preset.replace("/", "_")
         folder.mkdir(parents=True)
         r = bench_scone.measure(preset, 3 if quick else 30, folder, batch_size=batch, overrides=overrides)
-        t, ratio, interval = r["times"], r["ratios"], r["intervals"]
-        shown = {m: f"{ratio[m]:.2f}x ({interval[m][0]:.2f}-{interval[m][1]:.2f})" for m in ("dedup", "plain")}
+        t = r["times"]
+        shown = {m: ratio_text(r["ratios"][m], r["intervals"][m], "x") for m in ("dedup", "plain")}
         d = r["dedup"]
         lines.append(f"| {name} | {r['num_fgrams']:,} | {t['baseline'] * 1e3:.2f} ms | {t['dedup'] * 1e3:.2f} ms | "
                      f"{shown['dedup']} | {t['plain'] * 1e3:.2f} ms | {shown['plain']} | "
@@ -87,33 +87,18 @@ def scone_steps(quick: bool, work: Path) -> list[str]:
 def serve_decode(quick: bool, work: Path) -> list[str]:
     """Decode tok/s with the table in host RAM and on disk against the baseline (bench_serve's
     method), where the device step is fast and the host-side lookup weighs most."""
-    from flax import nnx
-
     from scone_jax.config import load_config
-    from scone_jax.model import Transformer
-    from scone_jax.serve.engine import Engine
-    from scone_jax.serve.input_layer import TableLookup
-    from scone_jax.serve.tables import open_table
 
-    cfg = load_config("small")
-    rows = 100_000 if quick else 1_000_000
-    side = int(np.ceil(np.sqrt(rows)))
-    url = bench_serve.bigram_table(work / "table", rows, cfg.model.d_model, side)
-    backbone = Transformer(cfg.model, side, rngs=nnx.Rngs(0))
-    base = Engine(backbone, None)
-    tiers = {"RAM": Engine(backbone, TableLookup(open_table(url, "host"))),
-             "disk": Engine(backbone, TableLookup(open_table(url, "disk", cache_bytes=64 << 20)))}
-    new_tokens = 16 if quick else 64
+    rows, new_tokens = (100_000, 16) if quick else (1_000_000, 64)
+    side, base, tiers = bench_serve.table_engines(work / "table", rows, load_config("small").model)
     lines = ["## Decoding with the table off the accelerator", "",
              f"Small preset backbone, vocabulary {side:,}, a table of {rows:,} bigram rows (bfloat16), 32-token "
              f"prompts, {new_tokens} new tokens sampled; each tier in lockstep with the baseline.", "",
              "| batch | tier | baseline tok/s | tier tok/s | tier / baseline |", "|---|---|---|---|---|"]
     for batch in (1, 16):
-        for tier, engine in tiers.items():
-            rates, ratio, interval = bench_serve.decode_rates({"base": base, tier: engine}, batch, side,
-                                                              new_tokens, 2 if quick else 15)
-            lines.append(f"| {batch} | {tier} | {rates['base']:,.0f} | {rates[tier]:,.0f} | "
-                         f"{ratio[tier]:.2f} ({interval[tier][0]:.2f}-{interval[tier][1]:.2f}) |")
+        measured = bench_serve.tier_rates(base, tiers, batch, side, new_tokens, 2 if quick else 15)
+        lines += [f"| {batch} | {tier} | {base_rate:,.0f} | {rate:,.0f} | {ratio} |"
+                  for tier, (base_rate, rate, ratio) in measured.items()]
     return lines
 
 

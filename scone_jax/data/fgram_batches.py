@@ -186,12 +186,12 @@ def forest_layout(forest: PrefixForest, groups: int, block: int, granule: int = 
     chunk's first slots (slot = chunk offset + depth; a copy computes the same state as its
     original, since a node depends on its path alone). Cut per tree, small trees share blocks
     without copies (`pack_chunks`; the common case in text); where cutting the whole order into
-    full blocks needs fewer blocks (mostly trees larger than a block), that cut is used. Blocks are dealt round-robin to
-    `groups` groups of N blocks: the fullest group's count rounded up to `granule`, and at least
-    `min_blocks` (a calibrated capacity). Padding slots are a one-token f-gram of token 0 whose
-    output nobody reads. The rows' nodes (distinct: each row is a different f-gram) are each
-    group's outputs, R of them: the fullest group's count rounded up to `granule` blocks' worth,
-    and at least `min_outputs`."""
+    full blocks needs fewer blocks (mostly trees larger than a block), that cut is used. Blocks
+    are dealt round-robin to `groups` groups of N blocks: the fullest group's count rounded up to
+    `granule`, and at least `min_blocks` (a calibrated capacity). Padding slots are a one-token
+    f-gram of token 0 whose output nobody reads. The rows' nodes (distinct: each row is a
+    different f-gram) are each group's outputs, R of them: the fullest group's count rounded up
+    to `granule` blocks' worth, and at least `min_outputs`."""
     n, k = forest.paths.shape
     if block < k:
         raise ValueError(f"block={block} slots cannot hold an f-gram of {k} tokens")
