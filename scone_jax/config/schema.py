@@ -8,6 +8,7 @@ from scone_jax.errors import UserError
 
 FAMILIES = ("gpt2", "llama")
 DTYPES = ("float32", "bfloat16")
+COMBINE_RULES = ("replace", "add", "gated")
 
 
 def _check(cond: bool, message: str) -> None:
@@ -85,16 +86,17 @@ class FgramConfig:
     n_layers: int = 0
     d_model: int = 0
     n_heads: int = 0  # 0 = backbone's heads when widths match, else d_model // 64
-    combine: str = "replace"  # replace (the paper) | add
+    combine: str = "gated"  # gated (add through a zero-initialized learned gain) | add | replace (the paper)
     dedup: bool = True  # compute each distinct f-gram of a batch once
     capacity: int = 0  # f-gram model node slots per data shard (whole blocks) before they grow; 0 = calibrate
     block_size: int = 32  # node slots per attention block of the prefix forest (>= max_n)
+    permute_rows: bool = False  # control: each f-gram embedded as another (fixed permutation); not exportable
 
     def validate(self) -> None:
         _check(2 <= self.max_n <= 16, f"fgrams.max_n={self.max_n} (expected 2..16)")
         _check(self.num_fgrams > 0, f"fgrams.num_fgrams={self.num_fgrams} (expected > 0)")
         _check(self.min_count >= 1, f"fgrams.min_count={self.min_count} (expected >= 1)")
-        _check(self.combine in ("replace", "add"), f"fgrams.combine={self.combine!r} (expected 'replace' or 'add')")
+        _check(self.combine in COMBINE_RULES, f"fgrams.combine={self.combine!r} (expected one of {COMBINE_RULES})")
         _check(self.n_layers >= 0 and self.d_model >= 0 and self.n_heads >= 0 and self.capacity >= 0,
                "fgrams.n_layers, d_model, n_heads and capacity must be >= 0")
         _check(self.block_size >= self.max_n,

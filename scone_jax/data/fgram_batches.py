@@ -358,6 +358,9 @@ def load_or_build_fgram_set(cfg: FgramConfig, dataset: TokenizedDataset, train_i
     return fgram_set
 
 
+PERMUTE_ROWS_SEED = 20250203  # the fixed permutation of the fgrams.permute_rows control
+
+
 def prepare_fgram_inputs(cfg: FgramConfig, dataset: TokenizedDataset, train_ids: np.ndarray,
                          run_dir: str | Path, positions_per_host: int, groups: int,
                          progress: bool = True, process_index: int = 0, process_count: int = 1,
@@ -369,7 +372,11 @@ def prepare_fgram_inputs(cfg: FgramConfig, dataset: TokenizedDataset, train_ids:
     ids, lengths = tags_for_dataset(dataset, fgram_set, progress=progress, process_index=process_index,
                                     process_count=process_count, barrier=barrier)
     granule = max(positions_per_host // (32 * groups * cfg.block_size), 1)
-    batcher = FgramBatcher(ids, lengths, fgram_set.tokens, fgram_set.lengths, block=cfg.block_size,
+    fgram_tokens, fgram_lengths = fgram_set.tokens, fgram_set.lengths
+    if cfg.permute_rows:  # the control: f-gram w is embedded as the f-gram a fixed permutation gives it
+        order = np.random.default_rng(PERMUTE_ROWS_SEED).permutation(len(fgram_lengths))
+        fgram_tokens, fgram_lengths = np.asarray(fgram_tokens)[order], np.asarray(fgram_lengths)[order]
+    batcher = FgramBatcher(ids, lengths, fgram_tokens, fgram_lengths, block=cfg.block_size,
                            granule=granule, dedup=cfg.dedup, groups=groups,
                            capacity=round_up(-(-cfg.capacity // cfg.block_size), granule))
     return FgramInputs(fgram_set=fgram_set, batcher=batcher)

@@ -235,6 +235,9 @@ def export_table(run_dir: str | Path, url: str, dtype: str = "float32", step: in
     run = load_run_params(run_dir, step)
     if not run.cfg.fgrams.enabled:
         raise UserError(f"run {run_dir} is a baseline (fgrams.enabled=false): it has no f-gram model to export")
+    if run.cfg.fgrams.permute_rows:
+        raise UserError(f"run {run_dir} is a control run (fgrams.permute_rows=true): its rows are not the "
+                        f"f-grams' own, so it is not exported")
     fgram_set = FgramSet.load(run.info["fgram_set"])
     if fgram_set.fingerprint != run.info["fgram_set_fingerprint"]:
         raise UserError(f"f-gram set {fgram_set.path} changed since run {run_dir} was trained "

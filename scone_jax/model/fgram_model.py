@@ -20,7 +20,7 @@ from scone_jax.model.transformer import causal_mask
 
 
 class FgramModel(nnx.Module):
-    def __init__(self, cfg: ModelConfig, backbone_width: int, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, backbone_width: int, *, gated: bool = False, rngs: nnx.Rngs):
         pdt = jnp.dtype(cfg.param_dtype)
         self.cfg = cfg
         self.dtype = jnp.dtype(cfg.dtype)
@@ -32,6 +32,8 @@ class FgramModel(nnx.Module):
                 self.proj_out = param(rngs, (cfg.d_model, backbone_width), ("embed", "backbone_embed"), cfg.init_std, pdt)
             self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
             self.final_norm = Norm(cfg, cfg.d_model, rngs=rngs)
+            # zero-initialized per-dimension gain on the output: a gated model starts as the baseline
+            self.output_gate = param(rngs, (backbone_width,), ("backbone_embed",), None, pdt) if gated else None
 
     def __call__(self, token_embeddings: jax.Array, lengths: jax.Array) -> jax.Array:
         """[N, K, d_backbone] embeddings T(tokens) of right-padded f-grams, [N] lengths -> [N, d_backbone]."""
@@ -82,4 +84,6 @@ class FgramModel(nnx.Module):
         out = self.final_norm(h)
         if self.projected:
             out = out @ self.proj_out[...].astype(self.dtype)
+        if self.output_gate is not None:
+            out = out * self.output_gate[...].astype(out.dtype)
         return out

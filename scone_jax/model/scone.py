@@ -22,7 +22,8 @@ from scone_jax.model.transformer import Transformer
 class SconeModel(nnx.Module):
     def __init__(self, cfg: ModelConfig, fgram_cfg: FgramConfig, vocab_size: int, *, rngs: nnx.Rngs):
         self.backbone = Transformer(cfg, vocab_size, rngs=rngs)  # first: same init as the baseline
-        self.fgram = FgramModel(fgram_cfg.model_config(cfg), cfg.d_model, rngs=rngs)
+        self.fgram = FgramModel(fgram_cfg.model_config(cfg), cfg.d_model, gated=fgram_cfg.combine == "gated",
+                                rngs=rngs)
         self.combine = fgram_cfg.combine
 
     def fgram_embeddings(self, fgram_tokens: jax.Array, fgram_lengths: jax.Array) -> jax.Array:

@@ -1,8 +1,9 @@
 """The SCONE input layer at inference: host-side longest match, a (deduplicated) row gather
 from the table tier, and the lookup-and-add inside the model's jitted step.
 
-In both combine modes the exported row is what to add to T(s_i) (in replace mode it holds
-F(w) - T(last token of w)), and unmatched positions add zero (SCONE.md section 3).
+In every combine mode the exported row is what to add to T(s_i) (in replace mode it holds
+F(w) - T(last token of w), in gated mode F's gated output), and unmatched positions add zero
+(SCONE.md section 3).
 """
 
 from __future__ import annotations

@@ -59,6 +59,18 @@ def token_losses(handle: ModelHandle, params, batch) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
 
 
+def fgram_metrics(params, grads) -> dict:
+    """For a SCONE model: each model's gradient norm, and the RMS of the f-gram output gate (how
+    much of F the backbone takes in), so a log shows which path a step moves."""
+    if "fgram" not in grads:
+        return {}
+    out = {"grad_norm_fgram": optax.tree.norm(grads["fgram"]), "grad_norm_backbone": optax.tree.norm(grads["backbone"])}
+    if "output_gate" in params["fgram"]:
+        gate = params["fgram"]["output_gate"]
+        out["fgram_gate_rms"] = jnp.sqrt(jnp.mean(jnp.square(getattr(gate, "value", gate))))
+    return out
+
+
 def make_train_step(handle: ModelHandle, tx: optax.GradientTransformation, schedule,
                     mesh: Mesh, rules: Mapping[str, MeshAxes], state_shardings, batch_sharding):
     def step_fn(state, batch):
@@ -73,6 +85,7 @@ def make_train_step(handle: ModelHandle, tx: optax.GradientTransformation, sched
             "loss": loss,
             "grad_norm": optax.tree.norm(grads),
             "lr": schedule(state["step"]),
+            **fgram_metrics(params, grads),
         }
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
 

@@ -197,7 +197,7 @@ def test_mostly_large_trees_are_laid_out_as_one_stream_of_full_blocks(rng):
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_forest_equals_the_fgram_model_on_each_fgram_alone(family, rng):
     """What training computes (the forest) equals what export computes (each f-gram padded to K)."""
-    fcfg = FgramConfig(enabled=True, max_n=K, d_model=24 if family == "gpt2" else 0)
+    fcfg = FgramConfig(enabled=True, max_n=K, combine="replace", d_model=24 if family == "gpt2" else 0)
     model = SconeModel(BACKBONE[family], fcfg, VOCAB, rngs=nnx.Rngs(int(rng.integers(1 << 30))))
     set_tokens, set_lengths = random_fgram_set(rng, 60, vocab=5)
     out = FgramBatcher(np.arange(60), set_lengths, set_tokens, set_lengths, block=6, groups=2)(
@@ -213,7 +213,7 @@ def test_forest_equals_the_fgram_model_on_each_fgram_alone(family, rng):
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_no_matches_is_exactly_the_baseline(family, rng):
     seed = int(rng.integers(1 << 30))
-    scone = SconeModel(BACKBONE[family], FgramConfig(enabled=True, max_n=K), VOCAB, rngs=nnx.Rngs(seed))
+    scone = SconeModel(BACKBONE[family], FgramConfig(enabled=True, max_n=K, combine="replace"), VOCAB, rngs=nnx.Rngs(seed))
     base = Transformer(BACKBONE[family], VOCAB, rngs=nnx.Rngs(seed))
     set_tokens, set_lengths = random_fgram_set(rng, 5)
     batch, tag_ids, tag_lengths = random_batch(rng, 2, 300, 5, match_prob=0.0)

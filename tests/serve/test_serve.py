@@ -18,7 +18,7 @@ from scone_jax.train.loop import evaluate_run
 from tests.scone_run import train_scone_run
 
 
-@pytest.fixture(scope="module", params=["replace", "add"])
+@pytest.fixture(scope="module", params=["replace", "gated"])  # add's rows are gated's without the gain
 def exported(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"serve_{request.param}")
     run_dir = train_scone_run(root, seed=int(np.random.SeedSequence().entropy % 2**31), combine=request.param)

@@ -1,6 +1,7 @@
-"""SCONE training end to end: both combine modes train, 1 device == 8 devices, resume is
-bitwise, and on real text SCONE beats the same backbone without it."""
+"""SCONE training end to end: the combine modes train, 1 device == 8 devices, resume is
+bitwise, and on real text the shipped SCONE preset beats the same backbone without it."""
 
+import json
 import shutil
 
 import numpy as np
@@ -8,7 +9,6 @@ import pytest
 
 from scone_jax.config import load_config
 from scone_jax.train.loop import train
-from tests.conftest import SHARED_DATA
 from tests.train.helpers import cli, cli_run, losses, read_metrics, tiny_overrides, wait_for_step
 
 SCONE = {"fgrams.enabled": "true", "fgrams.max_n": 4, "fgrams.num_fgrams": 3000, "fgrams.min_count": 2,
@@ -20,8 +20,8 @@ def scone_overrides(dataset, run_dir, steps, **extra):
 
 
 @pytest.mark.parametrize("combine, fgram_rules", [  # the second with its own layout for the f-gram model
-    ("replace", {}), ("add", {"mesh.rules": "{fgram/mlp: null, fgram/heads: null, fgram/embed: [fsdp, data]}"})])
-def test_one_device_equals_eight_and_both_modes_train(markov_dataset, tmp_path, combine, fgram_rules):
+    ("replace", {}), ("gated", {"mesh.rules": "{fgram/mlp: null, fgram/heads: null, fgram/embed: [fsdp, data]}"})])
+def test_one_device_equals_eight_and_the_modes_train(markov_dataset, tmp_path, combine, fgram_rules):
     one = cli_run(["train", "tiny", *scone_overrides(markov_dataset.path, tmp_path / "one", 16,
                                                      **{"fgrams.combine": combine})], devices=1)
     assert one.returncode == 0, one.stderr[-2000:]
@@ -77,27 +77,19 @@ def test_a_run_directory_moved_elsewhere_resumes(markov_dataset, tmp_path):
     assert load_config(tmp_path / "moved" / "config.yaml").run_dir == str(tmp_path / "moved")
 
 
-def wikitext_documents():
-    path = SHARED_DATA / "wikitext-2" / "valid.txt"
-    if not path.is_file():
-        pytest.skip(f"{path} is not present on this machine")
-    return path
-
-
-def test_scone_beats_the_baseline_on_real_text(tmp_path):
-    """A very small run of experiments/wikitext_scone_vs_baseline (see docs/experiments.md)."""
-    corpus = wikitext_documents()
-    common = {"data.corpus": f"[{corpus}]", "data.doc_split": "blank_line", "data.tokenizer_vocab_size": 1024,
-              "model.d_model": 64, "model.n_layers": 2, "model.n_heads": 4, "model.max_seq_len": 64,
-              "data.seq_len": 64, "train.batch_size": 16, "train.steps": 300, "train.eval_every": 0,
-              "train.eval_batches": 8, "optim.lr": 0.003, "optim.warmup_steps": 10, "logging.progress": "false",
-              "logging.tensorboard": "false", "checkpoint.every": 1000, "data.eval_fraction": 0.05}
-    base = load_config("tiny", [f"{k}={v}" for k, v in {**common, "run_dir": tmp_path / "base"}.items()])
-    b = train(base)["eval"]["heldout"]["perplexity"]
-    scone = load_config("tiny", [f"{k}={v}" for k, v in {
-        **common, "run_dir": tmp_path / "scone", "data.dataset": tmp_path / "base" / "dataset",
-        "fgrams.enabled": "true", "fgrams.max_n": 4, "fgrams.num_fgrams": 20000, "fgrams.min_count": 3,
-        "fgrams.n_layers": 1}.items()])
-    s = train(scone)["eval"]["heldout"]["perplexity"]
-    print(f"held-out perplexity: baseline {b:.2f}, SCONE {s:.2f}")
-    assert s < b
+def test_the_shipped_scone_preset_beats_its_baseline_on_the_embedded_corpus(tmp_path):
+    """docs/fidelity.md in small: `tiny_scone` (gated) against `tiny` at 400 steps on the embedded
+    corpus (about 1M tokens, under one epoch; no ../shared/data needed): >= 3% lower held-out
+    perplexity, for a fresh seed (the study's gain is 5-10% on every corpus and seed)."""
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    print(f"train.seed={seed}")
+    common = ["data.max_default_corpus_mb=12", "train.steps=400", "train.eval_every=0", "train.eval_batches=64",
+              "logging.progress=false", "logging.tensorboard=false", "checkpoint.every=100000", f"train.seed={seed}"]
+    ppl = {}
+    for preset in ("tiny", "tiny_scone"):
+        shared = [f"data.dataset={tmp_path / 'tiny' / 'dataset'}"] if ppl else []
+        done = cli_run(["train", preset, *common, *shared, f"run_dir={tmp_path / preset}"], devices=1, timeout=1200)
+        assert done.returncode == 0, done.stderr[-2000:]
+        ppl[preset] = json.loads((tmp_path / preset / "final_eval.json").read_text())["results"]["heldout"]["perplexity"]
+    print(f"held-out perplexity: baseline {ppl['tiny']:.2f}, SCONE {ppl['tiny_scone']:.2f}")
+    assert ppl["tiny_scone"] <= 0.97 * ppl["tiny"]
