@@ -16,13 +16,14 @@ from benchmarks.common import interleaved_timings, ratio_text, real_text_dataset
 from scone_jax.config import load_config
 from scone_jax.data.fgram_batches import prepare_fgram_inputs
 from scone_jax.data.pipeline import BatchStream, WindowSource, split_documents
-from scone_jax.dist.mesh import make_mesh
-from scone_jax.dist.rules import make_rules
 from scone_jax.metrics.flops import fgram_forest_forward, model_flops
+from scone_jax.sharding.batch import batch_shardings
+from scone_jax.sharding.mesh import make_mesh
+from scone_jax.sharding.rules import make_rules
 from scone_jax.train.optimizer import make_optimizer
 from scone_jax.train.session import build_model_fn
 from scone_jax.train.state import setup_train_state
-from scone_jax.train.step import batch_shardings, make_train_step
+from scone_jax.train.step import make_train_step
 
 # glibc settings under which XLA's per-step temp buffer is reused instead of mapped afresh (and
 # page-faulted in) every step: one arena, no mmap for large blocks, never trimmed.

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from scone_jax.dist import distributed
+from scone_jax.cli import distributed_args
+from scone_jax.runtime import distributed
 
 
 def register(sub) -> None:
@@ -29,7 +30,7 @@ def register(sub) -> None:
     p.add_argument("--backbone-out", default=None, help="also export the backbone to this directory")
     p.add_argument("--overwrite", action="store_true", help="replace an existing table or backbone export")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    distributed.add_cli_arguments(p)
+    distributed_args.add_cli_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -42,7 +43,7 @@ def run(args) -> int:
     for name in ("batch_rows", "range_rows", "shard_rows"):
         if getattr(args, name) <= 0:
             raise UserError(f"--{name.replace('_', '-')}={getattr(args, name)} (expected > 0)")
-    topology = distributed.initialize_from_args(args)
+    topology = distributed_args.initialize_from_args(args)
     with distributed.failures_reported():
         check_outputs(args)
         require_checkpoint(args.run_dir, args.step)

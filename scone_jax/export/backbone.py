@@ -14,9 +14,9 @@ import yaml
 
 from scone_jax.atomic import atomic_dir, atomic_write_json
 from scone_jax.config import to_dict
-from scone_jax.dist.distributed import barrier
 from scone_jax.errors import UserError
 from scone_jax.export.checkpoint_params import RunParams, host_params, load_run_params
+from scone_jax.runtime.distributed import barrier
 
 FORMAT_VERSION = 1
 

@@ -14,9 +14,9 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 
 from scone_jax.config import Config
-from scone_jax.dist.mesh import make_mesh
-from scone_jax.dist.rules import make_rules
 from scone_jax.errors import UserError
+from scone_jax.sharding.mesh import make_mesh
+from scone_jax.sharding.rules import make_rules
 from scone_jax.train.checkpoint import Checkpointer
 from scone_jax.train.optimizer import make_optimizer
 from scone_jax.train.run_dir import CONFIG_FILE, RUN_INFO_FILE, load_run_config

@@ -30,8 +30,6 @@ from tqdm import tqdm
 from scone_jax.atomic import replace_dir, storage_errors
 from scone_jax.checksums import MANIFEST, manifest
 from scone_jax.data.fgram_batches import forest_layout, grow_blocks, prefix_forest, round_up
-from scone_jax.dist.distributed import barrier
-from scone_jax.dist.rules import activation_sharding, logical_to_spec
 from scone_jax.errors import UserError
 from scone_jax.export.checkpoint_params import RunParams, load_run_params, on_local_devices
 from scone_jax.export.table_store import (
@@ -56,7 +54,9 @@ from scone_jax.export.table_store import (
 )
 from scone_jax.fgrams.store import FILES as FGRAM_SET_FILES
 from scone_jax.fgrams.store import FgramSet
-from scone_jax.train.step import fgram_groups, node_shardings
+from scone_jax.runtime.distributed import barrier
+from scone_jax.sharding.batch import fgram_groups, node_shardings
+from scone_jax.sharding.rules import activation_sharding, logical_to_spec
 
 
 def fgram_rows_fn(run: RunParams, combine: str):

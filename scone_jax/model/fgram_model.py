@@ -14,9 +14,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scone_jax.config.schema import ModelConfig
-from scone_jax.dist.rules import axis_namespace, constrain
 from scone_jax.model.layers import Block, Norm, param
 from scone_jax.model.transformer import causal_mask
+from scone_jax.sharding.rules import axis_namespace, constrain
 
 
 class FgramModel(nnx.Module):

@@ -14,9 +14,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scone_jax.config.schema import FgramConfig, ModelConfig
-from scone_jax.dist.rules import constrain
 from scone_jax.model.fgram_model import FgramModel
 from scone_jax.model.transformer import Transformer
+from scone_jax.sharding.rules import constrain
 
 
 class SconeModel(nnx.Module):

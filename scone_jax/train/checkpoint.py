@@ -24,8 +24,8 @@ import orbax.checkpoint as ocp
 
 from scone_jax.atomic import storage_errors
 from scone_jax.checksums import ChecksumError, verify_manifest, write_manifest
-from scone_jax.dist.distributed import barrier
 from scone_jax.errors import UserError
+from scone_jax.runtime.distributed import barrier
 from scone_jax.train.state import abstract_with_shardings
 
 DAMAGED_DIR = "damaged_checkpoints"  # beside checkpoints/, out of orbax's sight

@@ -29,16 +29,17 @@ from scone_jax.data.pipeline import (
     split_documents,
 )
 from scone_jax.data.prepare import prepare_dataset
-from scone_jax.dist.distributed import barrier
-from scone_jax.dist.mesh import make_mesh
-from scone_jax.dist.rules import MeshAxes, make_rules
 from scone_jax.errors import UserError
 from scone_jax.metrics.flops import ModelFlops, fgram_forest_forward, model_flops
 from scone_jax.model import Transformer
 from scone_jax.model.scone import SconeModel
+from scone_jax.runtime.distributed import barrier
+from scone_jax.sharding.batch import batch_shardings, fgram_groups
+from scone_jax.sharding.mesh import make_mesh
+from scone_jax.sharding.rules import MeshAxes, make_rules
 from scone_jax.train.optimizer import make_optimizer
 from scone_jax.train.state import TrainSetup, setup_train_state
-from scone_jax.train.step import batch_shardings, fgram_groups, make_eval_step, make_train_step
+from scone_jax.train.step import make_eval_step, make_train_step
 
 CALIBRATION_BATCHES = 8
 

@@ -16,7 +16,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from scone_jax.dist.rules import MeshAxes, named_sharding
+from scone_jax.sharding.rules import MeshAxes, named_sharding
 
 
 @dataclass
