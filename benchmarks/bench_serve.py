@@ -201,8 +201,8 @@ def run(quick: bool = False) -> str:
 
 def export_throughput(quick: bool) -> list[str]:
     """Rows/s of `export_table` on a trained tiny SCONE run, against the f-gram model's FLOPs."""
-    from scone_jax.data.fgram_batches import prefix_forest
     from scone_jax.export.table import export_table
+    from scone_jax.forest.prefix import prefix_forest
     from scone_jax.metrics.flops import fgram_forest_forward, fgram_forward_per_row
     from scone_jax.train.loop import train
 

@@ -14,13 +14,6 @@ from jax.sharding import Mesh
 
 from scone_jax.config import Config
 from scone_jax.data.dataset import TokenizedDataset
-from scone_jax.data.fgram_batches import (
-    FgramInputs,
-    global_fgram_index,
-    load_or_build_fgram_set,
-    pad_buffers,
-    prepare_fgram_inputs,
-)
 from scone_jax.data.pipeline import (
     BatchStream,
     WindowSource,
@@ -37,9 +30,10 @@ from scone_jax.runtime.distributed import barrier
 from scone_jax.sharding.batch import batch_shardings, fgram_groups
 from scone_jax.sharding.mesh import make_mesh
 from scone_jax.sharding.rules import MeshAxes, make_rules
+from scone_jax.train.fgram_inputs import FgramInputs, load_or_build_fgram_set, prepare_fgram_inputs
 from scone_jax.train.optimizer import make_optimizer
 from scone_jax.train.state import TrainSetup, setup_train_state
-from scone_jax.train.step import make_eval_step, make_train_step
+from scone_jax.train.step import device_arrays, make_eval_step, make_train_step
 
 CALIBRATION_BATCHES = 8
 
@@ -68,15 +62,15 @@ class Session:
         the largest (all must agree on shapes), and positions point into their own host's slice
         of the outputs.
         """
-        if "fgram_index" in local_batch and jax.process_count() > 1:
+        forest = local_batch.get("forest")
+        if forest is not None and jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
-            have = np.array([local_batch["fgram_nodes"].shape[1], local_batch["fgram_outputs"].shape[1]], np.int64)
+            have = np.array([forest.nodes.shape[1], forest.outputs.shape[1]], np.int64)
             blocks, outputs = np.max(multihost_utils.process_allgather(have), axis=0).tolist()
-            local_batch = pad_buffers(local_batch, blocks, outputs)
-            local_batch = {**local_batch, "fgram_index": global_fgram_index(
-                local_batch["fgram_index"], local_batch["fgram_outputs"].size, jax.process_index())}
-        return {k: jax.make_array_from_process_local_data(sh, np.asarray(local_batch[k]))
+            local_batch = {**local_batch, "forest": forest.padded(blocks, outputs).on_global_outputs(jax.process_index())}
+        arrays = device_arrays(local_batch)
+        return {k: jax.make_array_from_process_local_data(sh, np.asarray(arrays[k]))
                 for k, sh in self.batch_sharding.items()}
 
     def run_info(self) -> dict:

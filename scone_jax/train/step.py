@@ -18,6 +18,14 @@ from scone_jax.sharding.rules import MeshAxes, activation_sharding
 from scone_jax.train.state import ModelHandle
 
 
+def device_arrays(batch) -> dict:
+    """A host batch's arrays that go to the device, by batch-sharding key (host-only fields left out)."""
+    out = {"inputs": batch["inputs"], "targets": batch["targets"]}
+    if "forest" in batch:
+        out.update(batch["forest"].arrays())
+    return out
+
+
 def model_inputs(batch) -> dict:
     if "fgram_index" not in batch:
         return {}
