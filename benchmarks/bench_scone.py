@@ -16,12 +16,12 @@ from benchmarks.common import interleaved_timings, ratio_text, real_text_dataset
 from scone_jax.config import load_config
 from scone_jax.data.pipeline import BatchStream, WindowSource, split_documents
 from scone_jax.metrics.flops import fgram_forest_forward, model_flops
+from scone_jax.model.build import build_model_fn
 from scone_jax.sharding.batch import batch_shardings
 from scone_jax.sharding.mesh import make_mesh
 from scone_jax.sharding.rules import make_rules
 from scone_jax.train.fgram_inputs import prepare_fgram_inputs
 from scone_jax.train.optimizer import make_optimizer
-from scone_jax.train.session import build_model_fn
 from scone_jax.train.state import setup_train_state
 from scone_jax.train.step import device_arrays, make_train_step
 

@@ -13,8 +13,7 @@ import numpy as np
 from flax import nnx
 
 from benchmarks.common import matmul_peak, median_interval, ratio_text
-from scone_jax.config import load_config
-from scone_jax.export.table_store import (
+from scone_jax.artifacts.table_store import (
     FGRAM_SET_DIR,
     FORMAT_VERSION,
     META,
@@ -28,6 +27,7 @@ from scone_jax.export.table_store import (
     range_checksum,
     write_json,
 )
+from scone_jax.config import load_config
 from scone_jax.fgrams.store import FgramSet
 from scone_jax.model import Transformer
 from scone_jax.serve.engine import Engine

@@ -32,7 +32,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from scone_jax.train.loop import evaluate_run
+    from scone_jax.evaluation.run import evaluate_run
 
     topology = distributed_args.initialize_from_args(args)
     with distributed.failures_reported():

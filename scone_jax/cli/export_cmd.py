@@ -35,10 +35,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from scone_jax.artifacts.run_dir import require_checkpoint
     from scone_jax.errors import UserError
     from scone_jax.export.backbone import export_backbone
     from scone_jax.export.table import export_table
-    from scone_jax.train.run_dir import require_checkpoint
 
     for name in ("batch_rows", "range_rows", "shard_rows"):
         if getattr(args, name) <= 0:
@@ -66,9 +66,9 @@ def check_outputs(args) -> None:
     not a table (never replaced, even with --overwrite), and a --backbone-out that exists."""
     from pathlib import Path
 
+    from scone_jax.artifacts.table_store import META, parse_location
     from scone_jax.atomic import check_output_path
     from scone_jax.errors import UserError
-    from scone_jax.export.table_store import META, parse_location
 
     table = parse_location(args.out).local_path
     if table is not None:

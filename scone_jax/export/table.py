@@ -27,11 +27,8 @@ import numpy as np
 from jax.sharding import NamedSharding
 from tqdm import tqdm
 
-from scone_jax.atomic import replace_dir, storage_errors
-from scone_jax.checksums import MANIFEST, manifest
-from scone_jax.errors import UserError
-from scone_jax.export.checkpoint_params import RunParams, load_run_params, on_local_devices
-from scone_jax.export.table_store import (
+from scone_jax.artifacts.restore import RunParams, load_run_params, on_local_devices
+from scone_jax.artifacts.table_store import (
     FGRAM_SET_DIR,
     FORMAT_VERSION,
     META,
@@ -51,6 +48,9 @@ from scone_jax.export.table_store import (
     read_json,
     write_json,
 )
+from scone_jax.atomic import replace_dir, storage_errors
+from scone_jax.checksums import MANIFEST, manifest
+from scone_jax.errors import UserError
 from scone_jax.fgrams.store import FILES as FGRAM_SET_FILES
 from scone_jax.fgrams.store import FgramSet
 from scone_jax.forest.layout import forest_layout, grow_blocks, round_up

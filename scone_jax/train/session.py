@@ -24,8 +24,8 @@ from scone_jax.data.pipeline import (
 from scone_jax.data.prepare import prepare_dataset
 from scone_jax.errors import UserError
 from scone_jax.metrics.flops import ModelFlops, fgram_forest_forward, model_flops
-from scone_jax.model import Transformer
-from scone_jax.model.scone import SconeModel
+from scone_jax.metrics.perplexity import eval_result
+from scone_jax.model.build import build_model_fn
 from scone_jax.runtime.distributed import barrier
 from scone_jax.sharding.batch import batch_shardings, fgram_groups
 from scone_jax.sharding.mesh import make_mesh
@@ -122,13 +122,6 @@ def _named_eval_sets(cfg: Config, dataset: TokenizedDataset, eval_ids: np.ndarra
     return sets
 
 
-def build_model_fn(cfg: Config, vocab: int):
-    """The model constructor for this config: the backbone, or the backbone + f-gram model."""
-    if cfg.fgrams.enabled:
-        return lambda rngs: SconeModel(cfg.model, cfg.fgrams, vocab, rngs=rngs)
-    return lambda rngs: Transformer(cfg.model, vocab, rngs=rngs)
-
-
 def _prepare_dataset(cfg: Config, run_dir: Path) -> TokenizedDataset:
     """Process 0 tokenizes (when the run has no dataset yet); the others wait for it, then open it."""
     if jax.process_count() == 1:
@@ -191,7 +184,5 @@ def evaluate(session: Session, eval_step, params) -> dict[str, dict[str, float]]
         for batch in batches:
             out = jax.device_get(eval_step(params, session.to_global(batch), token_bytes))
             nats, tokens, nbytes = nats + float(out["nats"]), tokens + float(out["tokens"]), nbytes + float(out["bytes"])
-        loss = nats / tokens
-        results[name] = {"loss": loss, "perplexity": float(np.exp(loss)),
-                         "bits_per_byte": float(nats / np.log(2) / max(nbytes, 1.0)), "tokens": tokens}
+        results[name] = eval_result(nats, tokens, nbytes)
     return results

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from scone_jax.artifacts.restore import load_run_params
 from scone_jax.errors import UserError
-from scone_jax.export.checkpoint_params import load_run_params
 from scone_jax.export.table import export_table
 from scone_jax.fgrams.store import FgramSet
 from scone_jax.serve.tables import open_table
