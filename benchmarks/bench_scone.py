@@ -14,15 +14,16 @@ import numpy as np
 
 from benchmarks.common import interleaved_timings, ratio_text, real_text_dataset
 from scone_jax.config import load_config
-from scone_jax.data.fgram_batches import prepare_fgram_inputs
 from scone_jax.data.pipeline import BatchStream, WindowSource, split_documents
-from scone_jax.dist.mesh import make_mesh
-from scone_jax.dist.rules import make_rules
 from scone_jax.metrics.flops import fgram_forest_forward, model_flops
+from scone_jax.model.build import build_model_fn
+from scone_jax.sharding.batch import batch_shardings
+from scone_jax.sharding.mesh import make_mesh
+from scone_jax.sharding.rules import make_rules
+from scone_jax.train.fgram_inputs import prepare_fgram_inputs
 from scone_jax.train.optimizer import make_optimizer
-from scone_jax.train.session import build_model_fn
 from scone_jax.train.state import setup_train_state
-from scone_jax.train.step import batch_shardings, make_train_step
+from scone_jax.train.step import device_arrays, make_train_step
 
 # glibc settings under which XLA's per-step temp buffer is reused instead of mapped afresh (and
 # page-faulted in) every step: one arena, no mmap for large blocks, never trimmed.
@@ -84,7 +85,7 @@ def measure(preset: str, rounds: int, workdir, modes=("baseline", "dedup", "plai
         bsh = batch_shardings(mesh, rules, cfg.train.batch_size, cfg.data.seq_len,
                               run_cfg.fgrams.max_n if scone else None)
         step = make_train_step(setup.handle, tx, schedule, mesh, rules, setup.shardings, bsh)
-        device_batches = [{k: jax.device_put(np.asarray(b[k]), bsh[k]) for k in bsh} for b in batches]
+        device_batches = [{k: jax.device_put(np.asarray(v), bsh[k]) for k, v in device_arrays(b).items()} for b in batches]
         holder = {"state": setup.create(), "i": 0}
 
         def run_step(step=step, holder=holder, device_batches=device_batches):

@@ -13,8 +13,7 @@ import numpy as np
 from flax import nnx
 
 from benchmarks.common import matmul_peak, median_interval, ratio_text
-from scone_jax.config import load_config
-from scone_jax.export.table_store import (
+from scone_jax.artifacts.table_store import (
     FGRAM_SET_DIR,
     FORMAT_VERSION,
     META,
@@ -28,6 +27,7 @@ from scone_jax.export.table_store import (
     range_checksum,
     write_json,
 )
+from scone_jax.config import load_config
 from scone_jax.fgrams.store import FgramSet
 from scone_jax.model import Transformer
 from scone_jax.serve.engine import Engine
@@ -201,8 +201,8 @@ def run(quick: bool = False) -> str:
 
 def export_throughput(quick: bool) -> list[str]:
     """Rows/s of `export_table` on a trained tiny SCONE run, against the f-gram model's FLOPs."""
-    from scone_jax.data.fgram_batches import prefix_forest
     from scone_jax.export.table import export_table
+    from scone_jax.forest.prefix import prefix_forest
     from scone_jax.metrics.flops import fgram_forest_forward, fgram_forward_per_row
     from scone_jax.train.loop import train
 

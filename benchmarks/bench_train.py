@@ -10,13 +10,14 @@ import numpy as np
 
 from benchmarks.common import matmul_peak
 from scone_jax.config import load_config
-from scone_jax.dist.mesh import make_mesh
-from scone_jax.dist.rules import make_rules
 from scone_jax.metrics.flops import model_flops
 from scone_jax.model import Transformer
+from scone_jax.sharding.batch import batch_shardings
+from scone_jax.sharding.mesh import make_mesh
+from scone_jax.sharding.rules import make_rules
 from scone_jax.train.optimizer import make_optimizer
 from scone_jax.train.state import setup_train_state
-from scone_jax.train.step import batch_shardings, make_train_step
+from scone_jax.train.step import make_train_step
 
 
 def time_train_step(preset: str, steps: int, vocab: int) -> dict:

@@ -7,7 +7,7 @@
 
 One pod per host (an indexed Job of `--hosts` pods). Each pod gets SCONE_COORDINATOR (pod 0's
 stable JobSet hostname), SCONE_NUM_PROCESSES, and its process id from the JOB_COMPLETION_INDEX
-that Kubernetes sets (scone_jax/dist/distributed.py). When a pod fails, the others stop (the
+that Kubernetes sets (scone_jax/runtime/cluster.py). When a pod fails, the others stop (the
 watchdog) and JobSet restarts the whole set up to --max-restarts times; each restart resumes
 from the last checkpoint, so RUN_DIR must be on a volume every pod shares (--pvc). Options go
 before the scone-jax arguments.

@@ -5,7 +5,7 @@
     launch/local.py --dry-run 2 train tiny          # print the N commands, run nothing
 
 Each process gets SCONE_COORDINATOR / SCONE_NUM_PROCESSES / SCONE_PROCESS_ID (read by
-`scone_jax.dist.distributed.initialize`), JAX_PLATFORMS=cpu and its own fake CPU devices. Output
+`scone_jax.runtime.distributed.initialize`), JAX_PLATFORMS=cpu and its own fake CPU devices. Output
 lines are prefixed `[pI]`. The exit status is the first failing process's (0 when all succeed);
 once one fails, the rest get `--grace` seconds to stop by themselves (their watchdog names the
 lost peer) before they are killed. Options go before N; everything after N is passed on.

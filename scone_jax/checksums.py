@@ -52,10 +52,6 @@ def write_manifest(directory: str | os.PathLike, names: Iterable[str] | None = N
     atomic_write_json(directory / MANIFEST, manifest(files))
 
 
-def has_manifest(directory: str | os.PathLike) -> bool:
-    return (Path(directory) / MANIFEST).is_file()
-
-
 def verify_manifest(directory: str | os.PathLike, required: Iterable[str] = ()) -> bool:
     """Check every file the manifest lists (and that it lists `required`); False when there is no
     manifest. Raises `ChecksumError` naming the first file that differs."""

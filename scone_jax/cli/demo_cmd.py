@@ -21,14 +21,16 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from scone_jax.artifacts.run_dir import CONFIG_FILE, checkpoints_dir
+    from scone_jax.artifacts.table_store import META, parse_location, read_json
     from scone_jax.config import load_config
+    from scone_jax.evaluation.run import evaluate_run
     from scone_jax.export.backbone import export_backbone
     from scone_jax.export.table import export_table
-    from scone_jax.export.table_store import META, parse_location, read_json
     from scone_jax.serve.engine import engine_from_run
     from scone_jax.serve.generate import generate
     from scone_jax.serve.sampling import Sampling
-    from scone_jax.train.loop import evaluate_run, train
+    from scone_jax.train.loop import train
 
     out = Path(args.out)
     cfg = load_config("demo", [f"run_dir={out / 'run'}", *args.overrides])
@@ -51,10 +53,10 @@ def run(args) -> int:
                       eos_id=tokenizer.eos_id)[0]
     print("\nscone-jax demo finished. Outputs:")
     print(f"  run directory      {run_dir}")
-    print(f"  resolved config    {run_dir / 'config.yaml'}")
+    print(f"  resolved config    {run_dir / CONFIG_FILE}")
     print(f"  tokenized dataset  {run_dir / 'dataset'} (tokenizer: dataset/tokenizer.model)")
     print(f"  f-gram set         {run_dir / 'fgrams'} (stats.json, stats.png)")
-    print(f"  checkpoints        {run_dir / 'checkpoints'}")
+    print(f"  checkpoints        {checkpoints_dir(run_dir)}")
     print(f"  metrics (JSONL)    {run_dir / 'metrics.jsonl'}; tensorboard: {run_dir / 'tensorboard'}")
     print(f"  f-gram table       {table}")
     print(f"  backbone export    {backbone}")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from scone_jax.dist import distributed
+from scone_jax.cli import distributed_args
+from scone_jax.runtime import distributed
 
 
 def register(sub) -> None:
@@ -26,14 +27,14 @@ def register(sub) -> None:
     p.add_argument("--tier", default="host", choices=("device", "host", "disk"),
                    help="where the table lives during evaluation")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
-    distributed.add_cli_arguments(p)
+    distributed_args.add_cli_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from scone_jax.train.loop import evaluate_run
+    from scone_jax.evaluation.run import evaluate_run
 
-    topology = distributed.initialize_from_args(args)
+    topology = distributed_args.initialize_from_args(args)
     with distributed.failures_reported():
         out = evaluate_run(args.run_dir, args.dataset, args.step, args.table, args.tier)
     if topology and topology.process_id != 0:

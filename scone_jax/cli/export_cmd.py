@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from scone_jax.dist import distributed
+from scone_jax.cli import distributed_args
+from scone_jax.runtime import distributed
 
 
 def register(sub) -> None:
@@ -29,20 +30,20 @@ def register(sub) -> None:
     p.add_argument("--backbone-out", default=None, help="also export the backbone to this directory")
     p.add_argument("--overwrite", action="store_true", help="replace an existing table or backbone export")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    distributed.add_cli_arguments(p)
+    distributed_args.add_cli_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from scone_jax.artifacts.run_dir import require_checkpoint
     from scone_jax.errors import UserError
     from scone_jax.export.backbone import export_backbone
     from scone_jax.export.table import export_table
-    from scone_jax.train.run_dir import require_checkpoint
 
     for name in ("batch_rows", "range_rows", "shard_rows"):
         if getattr(args, name) <= 0:
             raise UserError(f"--{name.replace('_', '-')}={getattr(args, name)} (expected > 0)")
-    topology = distributed.initialize_from_args(args)
+    topology = distributed_args.initialize_from_args(args)
     with distributed.failures_reported():
         check_outputs(args)
         require_checkpoint(args.run_dir, args.step)
@@ -65,9 +66,9 @@ def check_outputs(args) -> None:
     not a table (never replaced, even with --overwrite), and a --backbone-out that exists."""
     from pathlib import Path
 
+    from scone_jax.artifacts.table_store import META, parse_location
     from scone_jax.atomic import check_output_path
     from scone_jax.errors import UserError
-    from scone_jax.export.table_store import META, parse_location
 
     table = parse_location(args.out).local_path
     if table is not None:

@@ -173,8 +173,8 @@ def cmd_build(args) -> int:
 def _training_split(args):
     """The documents `scone-jax train` trains on, so that held-out text never chooses f-grams."""
     from scone_jax.data.dataset import TokenizedDataset
-    from scone_jax.data.fgram_batches import train_split_corpus
     from scone_jax.data.pipeline import split_documents
+    from scone_jax.train.fgram_inputs import train_split_corpus
 
     if not args.dataset:
         raise UserError("--heldout-fraction needs a tokenized DATASET directory (not --token-ids)")

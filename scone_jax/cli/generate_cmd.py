@@ -45,8 +45,10 @@ def run(args) -> int:
     if args.run_dir:
         import json
 
+        from scone_jax.artifacts.run_dir import RUN_INFO_FILE
+
         engine = engine_from_run(args.run_dir, args.table, args.tier)
-        default_tok = Path(json.loads((Path(args.run_dir) / "run_info.json").read_text())["dataset"]) / "tokenizer.model"
+        default_tok = Path(json.loads((Path(args.run_dir) / RUN_INFO_FILE).read_text())["dataset"]) / "tokenizer.model"
     else:
         engine = engine_from_export(args.backbone, args.table, args.tier)
         default_tok = Path(args.backbone) / "tokenizer.model"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from scone_jax.cli import distributed_args
 from scone_jax.config import load_config
-from scone_jax.dist import distributed
+from scone_jax.runtime import distributed
 
 
 def register(sub) -> None:
@@ -24,7 +25,7 @@ def register(sub) -> None:
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--count-params", action="store_true",
                    help="print the parameter counts (backbone, non-embedding, f-gram model) and exit")
-    distributed.add_cli_arguments(p)
+    distributed_args.add_cli_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -42,7 +43,7 @@ def run(args) -> int:
         return 0
     from scone_jax.train.loop import train
 
-    distributed.initialize_from_args(args)
+    distributed_args.initialize_from_args(args)
     with distributed.failures_reported():
         summary = train(cfg)
     if summary["status"].startswith("stopped by"):

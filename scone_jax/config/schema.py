@@ -158,7 +158,7 @@ class DataConfig:
 class MeshConfig:
     """Device mesh sizes; exactly one axis may be -1 (= all remaining devices).
 
-    `rules` overrides entries of the logical-axis rules table (dist/rules.py), e.g.
+    `rules` overrides entries of the logical-axis rules table (sharding/rules.py), e.g.
     `{mlp: null}` to stop sharding the MLP over `tensor`.
     """
 

@@ -19,13 +19,13 @@ from tqdm import tqdm
 
 from scone_jax.atomic import atomic_dir, check_output_path
 from scone_jax.config.schema import DataConfig
-from scone_jax.data.corpus import (
+from scone_jax.data.dataset import DatasetWriter, TokenizedDataset
+from scone_jax.data.text import (
     FingerprintingIterator,
     default_corpus,
     iter_documents,
     resolve_corpus_files,
 )
-from scone_jax.data.dataset import DatasetWriter, TokenizedDataset
 from scone_jax.data.tokenizer import Tokenizer
 from scone_jax.errors import UserError
 

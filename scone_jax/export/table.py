@@ -1,7 +1,7 @@
 """`scone-jax export`: run the f-gram model over every f-gram and write the [S, d] table.
 
 F-grams are processed in row ranges (the unit of resumption); inside a range they are taken in
-lexicographic order, `batch_rows` at a time, as prefix forests (data/fgram_batches.py), so a
+lexicographic order, `batch_rows` at a time, as prefix forests (scone_jax/forest/), so a
 prefix shared by many f-grams is computed once, as in training: one forest per data shard of
 the mesh, of its consecutive rows. In replace mode the stored row is F(w) - T(last token of w), so the input
 layer at inference is the same lookup-and-add in both modes (SCONE.md section 3).
@@ -27,14 +27,8 @@ import numpy as np
 from jax.sharding import NamedSharding
 from tqdm import tqdm
 
-from scone_jax.atomic import replace_dir, storage_errors
-from scone_jax.checksums import MANIFEST, manifest
-from scone_jax.data.fgram_batches import forest_layout, grow_blocks, prefix_forest, round_up
-from scone_jax.dist.distributed import barrier
-from scone_jax.dist.rules import activation_sharding, logical_to_spec
-from scone_jax.errors import UserError
-from scone_jax.export.checkpoint_params import RunParams, load_run_params, on_local_devices
-from scone_jax.export.table_store import (
+from scone_jax.artifacts.restore import RunParams, load_run_params, on_local_devices
+from scone_jax.artifacts.table_store import (
     FGRAM_SET_DIR,
     FORMAT_VERSION,
     META,
@@ -54,9 +48,16 @@ from scone_jax.export.table_store import (
     read_json,
     write_json,
 )
+from scone_jax.atomic import replace_dir, storage_errors
+from scone_jax.checksums import MANIFEST, manifest
+from scone_jax.errors import UserError
 from scone_jax.fgrams.store import FILES as FGRAM_SET_FILES
 from scone_jax.fgrams.store import FgramSet
-from scone_jax.train.step import fgram_groups, node_shardings
+from scone_jax.forest.layout import forest_layout, grow_blocks, round_up
+from scone_jax.forest.prefix import prefix_forest
+from scone_jax.runtime.distributed import barrier
+from scone_jax.sharding.batch import fgram_groups, node_shardings
+from scone_jax.sharding.rules import activation_sharding, logical_to_spec
 
 
 def fgram_rows_fn(run: RunParams, combine: str):

@@ -61,10 +61,6 @@ class Counts:
     levels: list[Level]
     plan: outofcore.Plan | None = None
 
-    @property
-    def num_survivors(self) -> int:
-        return sum(len(lv.codes) for lv in self.levels)
-
     def tokens(self, n: int, rows: np.ndarray) -> np.ndarray:
         """Token ids [len(rows), n] of the given survivors of length n."""
         codes = self.levels[n - 2].codes[rows]

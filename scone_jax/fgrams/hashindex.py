@@ -114,10 +114,6 @@ class HashIndex:
                 return -1
             slot = (slot + 1) & self._mask
 
-    def get_one(self, key: int) -> int:
-        slot = self.slot_one(key)
-        return int(self.vals[slot]) if slot >= 0 else -1
-
     @property
     def capacity(self) -> int:
         return self._mask + 1

@@ -14,9 +14,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scone_jax.config.schema import ModelConfig
-from scone_jax.dist.rules import axis_namespace, constrain
 from scone_jax.model.layers import Block, Norm, param
 from scone_jax.model.transformer import causal_mask
+from scone_jax.sharding.rules import axis_namespace, constrain
 
 
 class FgramModel(nnx.Module):
@@ -49,7 +49,7 @@ class FgramModel(nnx.Module):
             return constrain(out, ("batch", "embed"))
 
     def forest(self, token_embeddings: jax.Array, paths: jax.Array, outputs: jax.Array) -> jax.Array:
-        """F at the output nodes of a prefix forest laid out in blocks (data/fgram_batches.py):
+        """F at the output nodes of a prefix forest laid out in blocks (scone_jax/forest/):
         [G, N, B, d_backbone] embeddings of the nodes' tokens, [G, N, B, K] paths (slots within
         the block), [G, R] output slots (within the group's N * B) -> [G, R, d_backbone]. A
         node's output is F of the f-gram its path spells.

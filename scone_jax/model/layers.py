@@ -1,4 +1,4 @@
-"""Building blocks with logical axis names on every parameter (see dist/rules.py).
+"""Building blocks with logical axis names on every parameter (see sharding/rules.py).
 
 Each parameter is an `nnx.Param` with `logical_axes` metadata; weights are stored in
 `param_dtype` and cast to the compute `dtype` at use (mixed precision).
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scone_jax.config.schema import ModelConfig
-from scone_jax.dist.rules import axis_names, constrain
+from scone_jax.sharding.rules import axis_names, constrain
 
 
 def param(rngs: nnx.Rngs, shape, axes, std: float | None, dtype) -> nnx.Param:

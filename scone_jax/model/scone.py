@@ -1,7 +1,7 @@
 """SCONE: the backbone plus the f-gram model, combined at the input layer (SCONE.md section 3).
 
 The f-gram model runs once per node of the batch's prefix forest (`fgram_nodes` tokens,
-`fgram_paths`; see data/fgram_batches.py) and each position takes the output
+`fgram_paths`; see scone_jax/forest/) and each position takes the output
 (`fgram_outputs`) that `fgram_index` points at (-1 = no match). The gather's transpose sums the gradients of every
 position sharing a node. With deduplication each distinct prefix is one node; without it every
 matched position has its own chain. Both give the same loss and gradients.
@@ -14,9 +14,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scone_jax.config.schema import FgramConfig, ModelConfig
-from scone_jax.dist.rules import constrain
 from scone_jax.model.fgram_model import FgramModel
 from scone_jax.model.transformer import Transformer
+from scone_jax.sharding.rules import constrain
 
 
 class SconeModel(nnx.Module):

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scone_jax.config.schema import ModelConfig
-from scone_jax.dist.rules import constrain
 from scone_jax.model.layers import Block, Norm, param
+from scone_jax.sharding.rules import constrain
 
 
 def causal_mask(length: int) -> jax.Array:

@@ -10,6 +10,9 @@ import jax
 import numpy as np
 from flax import nnx
 
+from scone_jax.artifacts.backbone import load_backbone
+from scone_jax.artifacts.restore import load_run_params
+from scone_jax.artifacts.run_dir import require_checkpoint
 from scone_jax.config.schema import ModelConfig
 from scone_jax.errors import UserError
 from scone_jax.model import Transformer
@@ -79,9 +82,6 @@ def _check_table(table: Table, width: int, tokenizer: str | None, checkpoint: st
 def engine_from_run(run_dir: str | Path, table_url: str | None, tier: str = "host", step: int | None = None,
                     cache_bytes: int = 256 << 20) -> Engine:
     """The backbone of a run's checkpoint, with an exported table (required for SCONE runs)."""
-    from scone_jax.export.checkpoint_params import load_run_params
-    from scone_jax.train.run_dir import require_checkpoint
-
     require_checkpoint(run_dir, step)
     run = load_run_params(run_dir, step)
     model = run.model()
@@ -101,8 +101,6 @@ def engine_from_run(run_dir: str | Path, table_url: str | None, tier: str = "hos
 def engine_from_export(backbone_dir: str | Path, table_url: str | None, tier: str = "host",
                        cache_bytes: int = 256 << 20) -> Engine:
     """An exported backbone (params.npz, no orbax) with its table."""
-    from scone_jax.export.backbone import load_backbone
-
     params, model_cfg, meta = load_backbone(backbone_dir)
     cfg = ModelConfig(**model_cfg)
     model = Transformer(cfg, meta["vocab_size"], rngs=nnx.Rngs(0))

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from scone_jax.metrics.perplexity import eval_result
 from scone_jax.serve.engine import Engine
 from scone_jax.serve.input_layer import prefetch_prepared
 
@@ -30,7 +31,5 @@ def evaluate_engine(engine: Engine, eval_sets: dict[str, list[dict]], token_byte
             nats += float(batch_nats(logits, batch["targets"]))
             tokens += batch["targets"].size
             nbytes += float(token_bytes[batch["targets"]].sum())
-        loss = nats / tokens
-        results[name] = {"loss": loss, "perplexity": float(np.exp(loss)),
-                         "bits_per_byte": float(nats / np.log(2) / max(nbytes, 1.0)), "tokens": tokens}
+        results[name] = eval_result(nats, tokens, nbytes)
     return results

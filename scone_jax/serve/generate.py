@@ -17,10 +17,9 @@ import numpy as np
 from scone_jax.errors import UserError
 from scone_jax.fgrams.tag import tag_tokens
 from scone_jax.serve.engine import Engine
-from scone_jax.serve.sampling import GREEDY, Sampling, sample
+from scone_jax.serve.sampling import GREEDY, Sampling
 
 SHAPE_BUCKET = 64
-_sample_jit = jax.jit(sample, static_argnums=2)  # the reference samples as the fused step does: compiled
 
 
 def prompt_fgram_ids(engine: Engine, prompts: list[np.ndarray], width: int) -> np.ndarray:
@@ -101,23 +100,4 @@ def generate(engine: Engine, prompts: list[list[int]], max_new_tokens: int, samp
     out = np.stack(steps, axis=1).tolist()
     if eos_id is not None:
         out = [row[:row.index(eos_id) + 1] if eos_id in row else row for row in out]
-    return out
-
-
-def generate_reference(engine: Engine, prompts: list[list[int]], max_new_tokens: int,
-                       sampling: Sampling = GREEDY, seed: int = 0) -> list[list[int]]:
-    """The slow reference: recompute the whole sequence (no cache) for every new token."""
-    key = jax.random.key(seed)
-    seqs = [list(map(int, p)) for p in prompts]
-    out: list[list[int]] = [[] for _ in prompts]
-    for _ in range(max_new_tokens):
-        key, sub = jax.random.split(key)
-        last = []
-        for s in seqs:  # one row at a time: no padding at all
-            ids = prompt_fgram_ids(engine, [np.asarray(s)], len(s))
-            last.append(np.asarray(engine.logits(np.asarray([s], np.int32), ids))[0, -1])
-        new = np.asarray(_sample_jit(jnp.asarray(np.stack(last)), sub, sampling))
-        for b, s in enumerate(seqs):
-            s.append(int(new[b]))
-            out[b].append(int(new[b]))
     return out

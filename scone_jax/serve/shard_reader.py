@@ -1,6 +1,6 @@
 """Direct reads of a local table's rows: `pread` of one inner chunk, its crc32c checked.
 
-Exported tables are zarr3 arrays in shard files (`export/table_store.py`): each shard file
+Exported tables are zarr3 arrays in shard files (`artifacts/table_store.py`): each shard file
 holds its inner chunks (raw little-endian rows, then a crc32c) and ends with an index of
 (offset, nbytes) per chunk, itself followed by a crc32c. Reading a row through tensorstore
 costs ~0.2 ms of per-call machinery on a 2-core host, more than a whole decode step's lookup

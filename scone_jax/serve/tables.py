@@ -20,8 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import tensorstore as ts
 
-from scone_jax.errors import UserError
-from scone_jax.export.table_store import (
+from scone_jax.artifacts.table_store import (
     FGRAM_SET_DIR,
     FORMAT_VERSION,
     META,
@@ -37,6 +36,7 @@ from scone_jax.export.table_store import (
     range_checksum,
     read_json,
 )
+from scone_jax.errors import UserError
 from scone_jax.fgrams.store import FILES as FGRAM_SET_FILES
 from scone_jax.fgrams.store import FgramSet
 from scone_jax.serve.shard_reader import ShardReader

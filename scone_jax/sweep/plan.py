@@ -21,13 +21,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from scone_jax.artifacts.run_dir import CONFIG_FILE, FINAL_EVAL_FILE, check_run_dir, save_run_config
 from scone_jax.atomic import atomic_write_json
 from scone_jax.config import Config, load_config
 from scone_jax.data.dataset import META_FILE
 from scone_jax.errors import UserError
 from scone_jax.sweep.spec import Point, SweepSpec, format_value
-from scone_jax.train.loop import FINAL_EVAL_FILE
-from scone_jax.train.run_dir import CONFIG_FILE, check_run_dir, save_run_config
 
 PLAN_FILE = "sweep.json"
 

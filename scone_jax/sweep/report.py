@@ -13,12 +13,11 @@ import json
 import math
 from pathlib import Path
 
+from scone_jax.artifacts.run_dir import CONFIG_FILE, FINAL_EVAL_FILE, RUN_INFO_FILE, load_run_config
 from scone_jax.atomic import atomic_dir
 from scone_jax.errors import UserError
 from scone_jax.metrics.flops import count_fgram_params, count_params, model_flops
 from scone_jax.sweep.plan import PLAN_FILE
-from scone_jax.train.loop import FINAL_EVAL_FILE
-from scone_jax.train.run_dir import CONFIG_FILE, RUN_INFO_FILE, load_run_config
 
 TABLE_BYTES_PER_VALUE = 4  # float32 rows, `scone-jax export`'s default
 COLUMNS = ("point", "status", "scone", "combine", "num_fgrams", "max_n", "fgram_model_size", "fgram_model_layers",

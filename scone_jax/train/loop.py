@@ -20,16 +20,20 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from scone_jax.artifacts.checkpoint import Checkpointer
+from scone_jax.artifacts.run_dir import (
+    FINAL_EVAL_FILE,
+    RUN_INFO_FILE,
+    check_run_dir,
+    checkpoints_dir,
+    save_run_config,
+)
 from scone_jax.atomic import atomic_write_json
 from scone_jax.config import Config
 from scone_jax.errors import UserError
 from scone_jax.metrics.flops import peak_flops
 from scone_jax.metrics.writers import MetricsWriter
-from scone_jax.train.checkpoint import Checkpointer
-from scone_jax.train.run_dir import RUN_INFO_FILE, check_run_dir, save_run_config
 from scone_jax.train.session import evaluate, open_session
-
-FINAL_EVAL_FILE = "final_eval.json"  # held-out results at the last step: a finished run has one
 
 
 class TrainingDiverged(UserError):
@@ -73,7 +77,7 @@ def train(cfg: Config) -> dict:
         save_run_config(cfg)
         atomic_write_json(run_dir / RUN_INFO_FILE, session.run_info())
     total = cfg.train.steps
-    ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep, cfg.checkpoint.async_save)
+    ckpt = Checkpointer(checkpoints_dir(run_dir), cfg.checkpoint.every, cfg.checkpoint.keep, cfg.checkpoint.async_save)
     writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard, print_fn=tqdm.write)
     setup = session.setup
     state = ckpt.restore_newest_intact(setup.abstract_state, setup.shardings)
@@ -173,34 +177,8 @@ def train(cfg: Config) -> dict:
     if step == total and is_main:  # only once the last checkpoint is committed: it marks a finished run
         atomic_write_json(run_dir / FINAL_EVAL_FILE, {"step": step, "results": summary.get("eval", {})})
     if is_main:
-        msg = (f"{stopped_by}: saved step {step} to {run_dir / 'checkpoints'}; rerun the same command to resume"
-               if stopped_by else f"done: {step} steps; checkpoints in {run_dir / 'checkpoints'}, "
+        msg = (f"{stopped_by}: saved step {step} to {checkpoints_dir(run_dir)}; rerun the same command to resume"
+               if stopped_by else f"done: {step} steps; checkpoints in {checkpoints_dir(run_dir)}, "
                f"metrics in {run_dir / 'metrics.jsonl'}")
         print(msg, flush=True)
     return summary
-
-
-def evaluate_run(run_dir: str | Path, extra_eval: list[str] | None = None, step: int | None = None,
-                 table: str | None = None, tier: str = "host") -> dict:
-    """Perplexity and bits per byte of a run's checkpoint on its held-out split and `extra_eval`
-    datasets: with the live f-gram model, or with an exported table (`table`, in `tier`)."""
-    from scone_jax.train.run_dir import load_run_config, require_checkpoint
-
-    cfg = load_run_config(run_dir)
-    require_checkpoint(run_dir, step)
-    session = open_session(cfg, Path(run_dir), extra_eval)
-    if not session.eval_sets:
-        raise UserError(f"run {run_dir} has no held-out split (data.eval_fraction=0); pass --dataset DIR")
-    if table is not None:
-        from scone_jax.serve.engine import engine_from_run
-        from scone_jax.serve.evaluate import evaluate_engine
-
-        engine = engine_from_run(run_dir, table, tier, step)
-        results = evaluate_engine(engine, session.eval_sets, session.dataset.token_bytes)
-        return {"step": engine.step, "table": table, "tier": tier, "results": results}
-    ckpt = Checkpointer(Path(run_dir) / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep, False)
-    state = ckpt.restore(session.setup.abstract_state, session.setup.shardings, step)
-    ckpt.close()
-    results = evaluate(session, session.eval_step(), state["params"])
-    return {"step": int(np.asarray(jax.device_get(state["step"]))), "results": results}
-

@@ -14,13 +14,6 @@ from jax.sharding import Mesh
 
 from scone_jax.config import Config
 from scone_jax.data.dataset import TokenizedDataset
-from scone_jax.data.fgram_batches import (
-    FgramInputs,
-    global_fgram_index,
-    load_or_build_fgram_set,
-    pad_buffers,
-    prepare_fgram_inputs,
-)
 from scone_jax.data.pipeline import (
     BatchStream,
     WindowSource,
@@ -29,16 +22,18 @@ from scone_jax.data.pipeline import (
     split_documents,
 )
 from scone_jax.data.prepare import prepare_dataset
-from scone_jax.dist.distributed import barrier
-from scone_jax.dist.mesh import make_mesh
-from scone_jax.dist.rules import MeshAxes, make_rules
 from scone_jax.errors import UserError
 from scone_jax.metrics.flops import ModelFlops, fgram_forest_forward, model_flops
-from scone_jax.model import Transformer
-from scone_jax.model.scone import SconeModel
+from scone_jax.metrics.perplexity import eval_result
+from scone_jax.model.build import build_model_fn
+from scone_jax.runtime.distributed import barrier
+from scone_jax.sharding.batch import batch_shardings, fgram_groups
+from scone_jax.sharding.mesh import make_mesh
+from scone_jax.sharding.rules import MeshAxes, make_rules
+from scone_jax.train.fgram_inputs import FgramInputs, load_or_build_fgram_set, prepare_fgram_inputs
 from scone_jax.train.optimizer import make_optimizer
 from scone_jax.train.state import TrainSetup, setup_train_state
-from scone_jax.train.step import batch_shardings, fgram_groups, make_eval_step, make_train_step
+from scone_jax.train.step import device_arrays, make_eval_step, make_train_step
 
 CALIBRATION_BATCHES = 8
 
@@ -67,15 +62,15 @@ class Session:
         the largest (all must agree on shapes), and positions point into their own host's slice
         of the outputs.
         """
-        if "fgram_index" in local_batch and jax.process_count() > 1:
+        forest = local_batch.get("forest")
+        if forest is not None and jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
-            have = np.array([local_batch["fgram_nodes"].shape[1], local_batch["fgram_outputs"].shape[1]], np.int64)
+            have = np.array([forest.nodes.shape[1], forest.outputs.shape[1]], np.int64)
             blocks, outputs = np.max(multihost_utils.process_allgather(have), axis=0).tolist()
-            local_batch = pad_buffers(local_batch, blocks, outputs)
-            local_batch = {**local_batch, "fgram_index": global_fgram_index(
-                local_batch["fgram_index"], local_batch["fgram_outputs"].size, jax.process_index())}
-        return {k: jax.make_array_from_process_local_data(sh, np.asarray(local_batch[k]))
+            local_batch = {**local_batch, "forest": forest.padded(blocks, outputs).on_global_outputs(jax.process_index())}
+        arrays = device_arrays(local_batch)
+        return {k: jax.make_array_from_process_local_data(sh, np.asarray(arrays[k]))
                 for k, sh in self.batch_sharding.items()}
 
     def run_info(self) -> dict:
@@ -125,13 +120,6 @@ def _named_eval_sets(cfg: Config, dataset: TokenizedDataset, eval_ids: np.ndarra
         sets[Path(path).name] = eval_batches(source, batch, cfg.train.eval_batches, pid, nproc, transform=transform,
                                              name=f"eval dataset {path}")
     return sets
-
-
-def build_model_fn(cfg: Config, vocab: int):
-    """The model constructor for this config: the backbone, or the backbone + f-gram model."""
-    if cfg.fgrams.enabled:
-        return lambda rngs: SconeModel(cfg.model, cfg.fgrams, vocab, rngs=rngs)
-    return lambda rngs: Transformer(cfg.model, vocab, rngs=rngs)
 
 
 def _prepare_dataset(cfg: Config, run_dir: Path) -> TokenizedDataset:
@@ -196,7 +184,5 @@ def evaluate(session: Session, eval_step, params) -> dict[str, dict[str, float]]
         for batch in batches:
             out = jax.device_get(eval_step(params, session.to_global(batch), token_bytes))
             nats, tokens, nbytes = nats + float(out["nats"]), tokens + float(out["tokens"]), nbytes + float(out["bytes"])
-        loss = nats / tokens
-        results[name] = {"loss": loss, "perplexity": float(np.exp(loss)),
-                         "bits_per_byte": float(nats / np.log(2) / max(nbytes, 1.0)), "tokens": tokens}
+        results[name] = eval_result(nats, tokens, nbytes)
     return results

@@ -11,40 +11,19 @@ from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
-from scone_jax.dist.rules import MeshAxes, activation_sharding, logical_to_spec, named_sharding
+from scone_jax.sharding.rules import MeshAxes, activation_sharding
 from scone_jax.train.state import ModelHandle
 
-BATCH_AXES = {"inputs": ("batch", "seq"), "targets": ("batch", "seq")}
 
-
-def batch_shardings(mesh: Mesh, rules: Mapping[str, MeshAxes], batch_size: int, seq_len: int,
-                    max_n: int | None = None):
-    """Shardings of a batch; SCONE batches (`max_n` set) also carry `fgram_index` and the
-    prefix forest's node buffers (data/fgram_batches.py), one group per f-gram data shard."""
-    out = {k: named_sharding(v, (batch_size, seq_len), mesh, rules) for k, v in BATCH_AXES.items()}
-    if max_n:
-        out["fgram_index"] = named_sharding(("batch", "seq"), (batch_size, seq_len), mesh, rules)
-        out.update(node_shardings(mesh, rules))
+def device_arrays(batch) -> dict:
+    """A host batch's arrays that go to the device, by batch-sharding key (host-only fields left out)."""
+    out = {"inputs": batch["inputs"], "targets": batch["targets"]}
+    if "forest" in batch:
+        out.update(batch["forest"].arrays())
     return out
-
-
-def node_shardings(mesh: Mesh, rules: Mapping[str, MeshAxes]) -> dict[str, NamedSharding]:
-    """The prefix forest's buffers ([G, N, B] tokens, [G, N, B, K] paths, [G, R] output slots):
-    groups over the data shards."""
-    return {"fgram_nodes": NamedSharding(mesh, logical_to_spec(("fgram/batch", None, None), rules)),
-            "fgram_paths": NamedSharding(mesh, logical_to_spec(("fgram/batch", None, None, None), rules)),
-            "fgram_outputs": NamedSharding(mesh, logical_to_spec(("fgram/batch", None), rules))}
-
-
-def fgram_groups(mesh: Mesh, rules: Mapping[str, MeshAxes]) -> int:
-    """How many data shards the f-gram model's batch has: one node group each."""
-    entry = logical_to_spec(("fgram/batch",), rules)[0]
-    axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
-    return int(np.prod([mesh.shape[a] for a in axes]))
 
 
 def model_inputs(batch) -> dict:

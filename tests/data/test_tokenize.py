@@ -15,8 +15,8 @@ import pytest
 
 import scone_jax.cli.main as cli_main
 from scone_jax.config.schema import DataConfig
-from scone_jax.data.corpus import corpus_fingerprint, default_corpus, iter_documents
 from scone_jax.data.dataset import TOKENS_FILE, TokenizedDataset
+from scone_jax.data.text import corpus_fingerprint, default_corpus, iter_documents
 from scone_jax.data.tokenize import (
     TOKENIZER_FILE,
     build_dataset,

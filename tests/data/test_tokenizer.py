@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from scone_jax.data.corpus import default_corpus
+from scone_jax.data.text import default_corpus
 from scone_jax.data.tokenizer import META_SYMBOL, Tokenizer
 from scone_jax.errors import UserError
 

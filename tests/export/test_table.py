@@ -7,12 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from scone_jax.dist.mesh import make_mesh
+from scone_jax.artifacts.restore import load_run_params
 from scone_jax.errors import UserError
-from scone_jax.export.checkpoint_params import load_run_params
 from scone_jax.export.table import export_table
 from scone_jax.fgrams.store import FgramSet
 from scone_jax.serve.tables import open_table
+from scone_jax.sharding.mesh import make_mesh
 from tests.reliability.faults import faulty_cli, finish, wait_for_hang
 from tests.scone_run import train_scone_run
 from tests.train.helpers import cli_run

@@ -44,3 +44,9 @@ def whitespace_corpus(path, max_docs: int | None = None):
     if cur and not (max_docs and len(docs) >= max_docs):
         docs.append(np.array(cur, np.int64))
     return docs, len(vocab)
+
+
+def get_one(index, key: int) -> int:
+    """A HashIndex's value for one key (-1 = absent), by its scalar probe `slot_one`."""
+    slot = index.slot_one(key)
+    return int(index.vals[slot]) if slot >= 0 else -1

@@ -20,7 +20,7 @@ from scone_jax.fgrams.tag import (
 )
 
 from ..conftest import make_dataset
-from .helpers import corpus_of, random_docs
+from .helpers import corpus_of, get_one, random_docs
 from .reference import brute_tag
 
 
@@ -104,8 +104,8 @@ def test_unknown_tokens_never_match(rng):
     ids, lens = tag_tokens(fs, np.array([1, 2, 99, 1, 2, 1]))
     assert lens.tolist() == [0, 2, 0, 0, 2, 3]
     assert StreamingTagger(fs).match([1, 2], 99) == (-1, 0)
-    assert StreamingTagger(fs).match([99, 1], 2) == (fs.tagger().tables[2].get_one(1 * 3 + 2), 2)
-    assert DecodeTagger(fs, [[1, 2], [99, 1]]).push([99, 2]) == [-1, fs.tagger().tables[2].get_one(1 * 3 + 2)]
+    assert StreamingTagger(fs).match([99, 1], 2) == (get_one(fs.tagger().tables[2], 1 * 3 + 2), 2)
+    assert DecodeTagger(fs, [[1, 2], [99, 1]]).push([99, 2]) == [-1, get_one(fs.tagger().tables[2], 1 * 3 + 2)]
 
 
 def test_declared_vocab_is_enforced(rng):

@@ -9,11 +9,11 @@ import pytest
 from flax import nnx
 
 from scone_jax.config import FgramConfig
-from scone_jax.data.fgram_batches import FgramBatcher
+from scone_jax.forest.batcher import FgramBatcher
 from scone_jax.model import Transformer
 from scone_jax.model.scone import SconeModel
-from scone_jax.train.step import model_inputs
-from tests.model.test_scone import BACKBONE, VOCAB, K, random_batch, random_fgram_set
+from tests.forest.helpers import VOCAB, K, random_batch, random_fgram_set
+from tests.model.test_scone import BACKBONE
 
 
 def scone_batch(rng):
@@ -25,7 +25,7 @@ def scone_batch(rng):
 
 
 def loss_fn(graphdef, batch):
-    inputs = jax.tree.map(jnp.asarray, model_inputs(batch))
+    inputs = jax.tree.map(jnp.asarray, batch["forest"].arrays())
 
     def loss(params):
         logits = nnx.merge(graphdef, params)(jnp.asarray(batch["inputs"]), **inputs)
@@ -42,8 +42,8 @@ def test_a_gated_model_starts_as_its_baseline(family, width, rng):
                        VOCAB, rngs=nnx.Rngs(seed))
     baseline = Transformer(BACKBONE[family], VOCAB, rngs=nnx.Rngs(seed))
     batch, _, _ = scone_batch(rng)
-    assert (batch["fgram_index"] >= 0).mean() > 0.3
-    inputs = jax.tree.map(jnp.asarray, model_inputs(batch))
+    assert (batch["forest"].index >= 0).mean() > 0.3
+    inputs = jax.tree.map(jnp.asarray, batch["forest"].arrays())
     np.testing.assert_array_equal(np.asarray(scone(jnp.asarray(batch["inputs"]), **inputs)),
                                   np.asarray(baseline(jnp.asarray(batch["inputs"]))))
     # at zero gain only the gate learns on the first step; F's own weights start moving after it
@@ -64,9 +64,8 @@ def test_the_input_is_the_token_plus_the_gated_fgram_embedding(family, rng):
     gate = rng.normal(size=BACKBONE[family].d_model).astype(np.float32)
     model.fgram.output_gate[...] = jnp.asarray(gate)
     batch, set_tokens, set_lengths = scone_batch(rng)
-    got = np.asarray(model.input_embeddings(jnp.asarray(batch["inputs"]), jnp.asarray(batch["fgram_index"]),
-                                            jnp.asarray(batch["fgram_nodes"]), jnp.asarray(batch["fgram_paths"]),
-                                            jnp.asarray(batch["fgram_outputs"])))
+    forest = {k: jnp.asarray(v) for k, v in batch["forest"].arrays().items()}
+    got = np.asarray(model.input_embeddings(jnp.asarray(batch["inputs"]), **forest))
     tokens = np.asarray(model.backbone.embed(jnp.asarray(batch["inputs"])))
     ids = batch["fgram_ids"]
     matched = ids >= 0

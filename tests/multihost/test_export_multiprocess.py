@@ -17,10 +17,10 @@ import jax
 import numpy as np
 import pytest
 
+from scone_jax.artifacts.checkpoint import Checkpointer
 from scone_jax.config import load_config
 from scone_jax.export.table import assigned_ranges, export_table, row_ranges
 from scone_jax.serve.tables import open_table
-from scone_jax.train.checkpoint import Checkpointer
 from scone_jax.train.loop import train
 from scone_jax.train.session import open_session
 from tests.conftest import make_dataset, markov_documents

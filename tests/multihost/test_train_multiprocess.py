@@ -15,8 +15,8 @@ import jax
 import numpy as np
 import pytest
 
+from scone_jax.artifacts.checkpoint import Checkpointer
 from scone_jax.config import load_config
-from scone_jax.train.checkpoint import Checkpointer
 from scone_jax.train.loop import train
 from scone_jax.train.session import open_session
 from tests.multihost.helpers import scone_job

@@ -1,6 +1,6 @@
 """One process of a small multi-process job, started by `launch/local.py --command` in the tests.
 
-Joins through `scone_jax.dist.distributed.initialize()` (SCONE_* environment), then:
+Joins through `scone_jax.runtime.distributed.initialize()` (SCONE_* environment), then:
 - `steps N`: N small collectives over all devices, then a normal exit;
 - `data`: each process builds its BatchStream rows and all-gathers the window positions, to
   check they are disjoint and together equal the single-process batch;
@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from scone_jax.dist import distributed
+from scone_jax.runtime import distributed
 
 
 class JaxRuntimeError(RuntimeError):

@@ -10,17 +10,17 @@ import jax
 import numpy as np
 import pytest
 
+from scone_jax.artifacts.checkpoint import DAMAGED_DIR
+from scone_jax.artifacts.restore import load_run_params
 from scone_jax.checksums import MANIFEST
 from scone_jax.cli.main import main
 from scone_jax.config import load_config
 from scone_jax.data.dataset import TokenizedDataset
 from scone_jax.errors import UserError
-from scone_jax.export.checkpoint_params import load_run_params
 from scone_jax.fgrams.store import FILES as FGRAM_SET_FILES
 from scone_jax.fgrams.store import FgramSet
 from scone_jax.fgrams.tag import tags_for_dataset
 from scone_jax.serve.tables import open_table
-from scone_jax.train.checkpoint import DAMAGED_DIR
 from scone_jax.train.loop import train
 from tests.reliability.faults import (
     TALLY,

@@ -13,13 +13,13 @@ import shutil
 import numpy as np
 import pytest
 
+from scone_jax.artifacts.checkpoint import DAMAGED_DIR
 from scone_jax.cli.main import main
 from scone_jax.config import load_config
 from scone_jax.data.dataset import TokenizedDataset
 from scone_jax.errors import UserError
 from scone_jax.fgrams.store import FgramSet
 from scone_jax.serve.tables import open_table
-from scone_jax.train.checkpoint import DAMAGED_DIR
 from scone_jax.train.loop import train
 from tests.reliability.faults import (
     TALLY,

@@ -10,8 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from scone_jax.export.checkpoint_params import load_run_params
-from scone_jax.train.checkpoint import DAMAGED_DIR
+from scone_jax.artifacts.checkpoint import DAMAGED_DIR
+from scone_jax.artifacts.restore import load_run_params
 from tests.reliability.faults import TALLY, faulty_cli, finish
 from tests.train.helpers import losses, read_metrics, tiny_overrides, wait_for_step
 

@@ -11,13 +11,13 @@ import jax
 import numpy as np
 import pytest
 
+from scone_jax.artifacts.checkpoint import DAMAGED_DIR
+from scone_jax.artifacts.restore import load_run_params
+from scone_jax.artifacts.table_store import PROGRESS
 from scone_jax.errors import UserError
-from scone_jax.export.checkpoint_params import load_run_params
 from scone_jax.export.table import export_table
-from scone_jax.export.table_store import PROGRESS
 from scone_jax.fgrams.store import FgramSet
 from scone_jax.serve.tables import open_table
-from scone_jax.train.checkpoint import DAMAGED_DIR
 from tests.reliability.faults import (
     TALLY,
     assert_intact,

@@ -6,16 +6,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from scone_jax.evaluation.run import evaluate_run
 from scone_jax.export.backbone import export_backbone
 from scone_jax.export.table import export_table
 from scone_jax.fgrams.tag import tag_tokens
 from scone_jax.serve.engine import engine_from_export, engine_from_run
-from scone_jax.serve.generate import decode_steps, generate, generate_reference, prompt_fgram_ids
+from scone_jax.serve.generate import decode_steps, generate, prompt_fgram_ids
 from scone_jax.serve.input_layer import TableLookup
 from scone_jax.serve.sampling import Sampling
 from scone_jax.serve.tables import TIERS, open_table
-from scone_jax.train.loop import evaluate_run
 from tests.scone_run import train_scone_run
+from tests.serve.reference import generate_reference
 
 
 @pytest.fixture(scope="module", params=["replace", "gated"])  # add's rows are gated's without the gain

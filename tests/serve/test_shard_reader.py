@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tensorstore as ts
 
+from scone_jax.artifacts.table_store import create_array, open_array, parse_location, quantize
 from scone_jax.errors import UserError
-from scone_jax.export.table_store import create_array, open_array, parse_location, quantize
 from scone_jax.serve.shard_reader import ShardReader
 
 

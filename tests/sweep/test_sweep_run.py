@@ -12,10 +12,10 @@ import yaml
 
 from scone_jax.cli.main import main
 from scone_jax.data.dataset import TokenizedDataset
-from scone_jax.data.fgram_batches import train_split_corpus
 from scone_jax.data.pipeline import split_documents
 from scone_jax.fgrams.build import build_fgram_set
 from scone_jax.fgrams.store import FgramSet
+from scone_jax.train.fgram_inputs import train_split_corpus
 from tests.train.helpers import cli, read_metrics, wait_for_step
 
 TINY = {"model.d_model": 32, "model.n_layers": 2, "model.n_heads": 2, "model.max_seq_len": 32,

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from scone_jax.config import FgramConfig, load_config
-from scone_jax.data.fgram_batches import prepare_fgram_inputs
 from scone_jax.data.pipeline import split_documents
 from scone_jax.errors import UserError
 from scone_jax.export.table import export_table
+from scone_jax.train.fgram_inputs import prepare_fgram_inputs
 from scone_jax.train.loop import train
 from tests.train.helpers import tiny_overrides
 

@@ -1,4 +1,4 @@
-"""Restore a run's parameters (no data pipeline) for export and serving."""
+"""Restore a run's parameters (no data pipeline, no optimizer) for export, serving and evaluation."""
 
 from __future__ import annotations
 
@@ -13,15 +13,14 @@ import jax
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 
+from scone_jax.artifacts.checkpoint import Checkpointer
+from scone_jax.artifacts.run_dir import CONFIG_FILE, RUN_INFO_FILE, checkpoints_dir, load_run_config
 from scone_jax.config import Config
-from scone_jax.dist.mesh import make_mesh
-from scone_jax.dist.rules import make_rules
 from scone_jax.errors import UserError
-from scone_jax.train.checkpoint import Checkpointer
-from scone_jax.train.optimizer import make_optimizer
-from scone_jax.train.run_dir import CONFIG_FILE, RUN_INFO_FILE, load_run_config
-from scone_jax.train.session import build_model_fn
-from scone_jax.train.state import ModelHandle, setup_train_state
+from scone_jax.model.build import ModelHandle, build_model_fn, split_model
+from scone_jax.sharding.mesh import make_mesh
+from scone_jax.sharding.rules import make_rules
+from scone_jax.sharding.state import state_shardings
 
 
 @dataclass
@@ -48,20 +47,21 @@ def load_run_params(run_dir: str | Path, step: int | None = None, mesh: Mesh | N
     info = json.loads(info_path.read_text())
     mesh = mesh or make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     rules = make_rules(cfg.mesh.rules)
-    tx, _ = make_optimizer(cfg.optim, cfg.train.steps)
-    setup = setup_train_state(build_model_fn(cfg, info["vocab_size"]), tx, cfg.train.seed, mesh, rules)
-    ckpt = Checkpointer(run_dir / "checkpoints", cfg.checkpoint.every, cfg.checkpoint.keep, async_save=False)
+    handle, abstract_params = split_model(build_model_fn(cfg, info["vocab_size"]), cfg.train.seed)
+    ckpt = Checkpointer(checkpoints_dir(run_dir), cfg.checkpoint.every, cfg.checkpoint.keep, async_save=False)
     try:
         step = ckpt.latest_step() if step is None else step
         if step is None:
             raise UserError(f"run {run_dir} has no checkpoint")
         if step not in ckpt.manager.all_steps():
             raise UserError(f"run {run_dir} has no checkpoint at step {step} (has {sorted(ckpt.manager.all_steps())})")
-        state = ckpt.restore(setup.abstract_state, setup.shardings, step)
+        # optimizer moments shaped like the params are sharded like them
+        params = ckpt.restore_params(step, abstract_params,
+                                     lambda shapes: state_shardings(shapes, handle.logical_axes, mesh, rules))
     finally:
         ckpt.close()
     digest = hashlib.sha256((run_dir / CONFIG_FILE).read_bytes() + info_path.read_bytes() + str(step).encode())
-    return RunParams(cfg=cfg, info=info, step=step, handle=setup.handle, params=state["params"], mesh=mesh,
+    return RunParams(cfg=cfg, info=info, step=step, handle=handle, params=params, mesh=mesh,
                      rules=rules, fingerprint=digest.hexdigest())
 
 

@@ -7,11 +7,11 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from scone_jax.config import ModelConfig, OptimConfig, load_config
-from scone_jax.dist.mesh import make_mesh, resolve_mesh_shape
-from scone_jax.dist.rules import DEFAULT_RULES, fit_spec, logical_to_spec, make_rules
 from scone_jax.errors import UserError
 from scone_jax.model import Transformer
 from scone_jax.model.scone import SconeModel
+from scone_jax.sharding.mesh import make_mesh, resolve_mesh_shape
+from scone_jax.sharding.rules import DEFAULT_RULES, fit_spec, logical_to_spec, make_rules
 from scone_jax.train.optimizer import make_optimizer
 from scone_jax.train.state import setup_train_state
 
@@ -43,7 +43,7 @@ def param_specs(cfg, mesh, rules):
 def test_golden_param_shardings():
     """Every parameter gets a sharding from the rules; accidental changes fail here.
 
-    After an intended change: SCONE_UPDATE_GOLDEN=1 pytest tests/dist/test_rules.py
+    After an intended change: SCONE_UPDATE_GOLDEN=1 pytest tests/sharding/test_rules.py
     """
     mesh = make_mesh(2, 2, 2)
     actual = {name: param_specs(cfg, mesh, make_rules())[1] for name, cfg in GOLDEN_MODELS.items()}

@@ -1,5 +1,5 @@
 """Every launcher's --dry-run shows the command it would run, and the environment it sets up is one
-that `scone_jax.dist.distributed.detect` turns into the intended job."""
+that `scone_jax.runtime.cluster.detect` turns into the intended job."""
 
 import os
 import shlex
@@ -8,7 +8,7 @@ import sys
 
 import yaml
 
-from scone_jax.dist.distributed import Cluster, detect
+from scone_jax.runtime.cluster import Cluster, detect
 from tests.multihost.helpers import LOCAL, REPO
 
 LAUNCH = REPO / "launch"

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from scone_jax.data.corpus import (
+from scone_jax.data.text import (
     FingerprintingIterator,
     corpus_fingerprint,
     default_corpus,

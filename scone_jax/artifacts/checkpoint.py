@@ -24,11 +24,11 @@ import orbax.checkpoint as ocp
 
 from scone_jax.atomic import storage_errors
 from scone_jax.checksums import ChecksumError, verify_manifest, write_manifest
-from scone_jax.dist.distributed import barrier
 from scone_jax.errors import UserError
-from scone_jax.train.state import abstract_with_shardings
+from scone_jax.runtime.distributed import barrier
 
 DAMAGED_DIR = "damaged_checkpoints"  # beside checkpoints/, out of orbax's sight
+ITEM = "default"  # the one item of each step directory: orbax's name for it
 
 
 class Checkpointer:
@@ -66,6 +66,15 @@ class Checkpointer:
             self._unsealed.append(step)
             self._seal_finished()  # a synchronous save is committed by now
         return started
+
+    def restore_params(self, step: int, param_shapes, shardings_of):
+        """The params of `step`. The rest of the state is described by the step's saved metadata,
+        so no optimizer is built to restore a run; `shardings_of(state_shapes)` places it all."""
+        verify_manifest(self.step_dir(step))
+        meta = ocp.StandardCheckpointHandler().metadata(self.step_dir(step) / ITEM)
+        saved = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), getattr(meta, "tree", meta))
+        state_shapes = {**saved, "params": param_shapes}
+        return self._restore(step, state_shapes, shardings_of(state_shapes))["params"]
 
     def restore(self, state_shapes, shardings, step: int | None = None):
         """Restore onto the given shardings (which may be a different mesh than the save's);
@@ -155,3 +164,7 @@ class Checkpointer:
             self._refused = True
             raise
 
+
+def abstract_with_shardings(state_shapes, shardings):
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                        state_shapes, shardings)

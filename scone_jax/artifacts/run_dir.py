@@ -1,4 +1,4 @@
-"""The run directory: resolved config, run info, checkpoints, metrics, tensorboard.
+"""The run directory's layout: resolved config, run info, checkpoints, final evaluation.
 
 A run directory belongs to one config. Restarting with the same config resumes; a config
 that differs in anything but logging, eval and checkpoint cadence is refused, so an
@@ -16,6 +16,8 @@ from scone_jax.errors import UserError
 
 CONFIG_FILE = "config.yaml"
 RUN_INFO_FILE = "run_info.json"  # what later stages need without the data pipeline (export, serve)
+CHECKPOINTS_DIR = "checkpoints"  # orbax's step directories (artifacts/checkpoint.py)
+FINAL_EVAL_FILE = "final_eval.json"  # held-out results at the last step: a finished run has one
 # keys that may change between restarts of the same run
 MUTABLE_PREFIXES = ("run_dir", "logging.", "train.eval_every", "train.eval_batches", "train.log_every",
                     "checkpoint.every", "checkpoint.keep", "checkpoint.async_save", "data.eval_datasets")
@@ -65,6 +67,9 @@ def load_run_config(run_dir: str | Path) -> Config:
     return load_config(path)
 
 
+def checkpoints_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS_DIR
+
 
 def require_checkpoint(run_dir: str | Path, step: int | None = None) -> int:
     """The checkpoint step of a run to read (the latest when `step` is None), checked before any setup.
@@ -74,7 +79,7 @@ def require_checkpoint(run_dir: str | Path, step: int | None = None) -> int:
     """
     if not (Path(run_dir) / CONFIG_FILE).is_file():
         raise UserError(f"{run_dir} is not a run directory (no {CONFIG_FILE})")
-    directory = Path(run_dir) / "checkpoints"
+    directory = checkpoints_dir(run_dir)
     steps = sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit()) \
         if directory.is_dir() else []
     if not steps:

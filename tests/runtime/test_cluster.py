@@ -2,17 +2,16 @@
 
 import pytest
 
-from scone_jax.dist.distributed import (
-    KV_PREFIX,
+from scone_jax.runtime.cluster import (
     Cluster,
     DistributedError,
-    PeerMonitor,
     Timeouts,
     detect,
-    initialize,
     slurm_first_host,
     timeouts_from_env,
 )
+from scone_jax.runtime.distributed import initialize
+from scone_jax.runtime.watchdog import KV_PREFIX, PeerMonitor
 
 SCONE = {"SCONE_COORDINATOR": "10.0.0.1:1234", "SCONE_NUM_PROCESSES": "4", "SCONE_PROCESS_ID": "2"}
 SLURM_STEP = {"SLURM_JOB_ID": "81920", "SLURM_STEP_NODELIST": "gpu[007-010]", "SLURM_NTASKS": "4",

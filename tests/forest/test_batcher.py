@@ -4,8 +4,8 @@ reaching back before the window start but never into the previous document."""
 import numpy as np
 
 from scone_jax.config import FgramConfig
-from scone_jax.data.fgram_batches import prepare_fgram_inputs
 from scone_jax.data.pipeline import BatchStream, WindowSource, split_documents
+from scone_jax.train.fgram_inputs import prepare_fgram_inputs
 from tests.conftest import make_dataset, markov_documents
 from tests.fgrams.reference import brute_tag
 

@@ -8,8 +8,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from scone_jax.dist.rules import MESH_AXES
 from scone_jax.errors import UserError
+from scone_jax.sharding.rules import MESH_AXES
 
 
 def resolve_mesh_shape(data: int, fsdp: int, tensor: int, num_devices: int) -> tuple[int, int, int]:

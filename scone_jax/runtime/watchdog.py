@@ -1,0 +1,178 @@
+"""Stop every process of a job promptly, with one line naming the peer, when one is lost.
+
+Why a watchdog on top of jax's runtime: the runtime aborts every process when one stops sending
+heartbeats, but only after `heartbeat_timeout` and with a C++ stack trace; and a process that
+fails with a Python exception keeps heartbeating while it waits in jax's shutdown barrier, so
+its peers sit in their next collective until `shutdown_timeout`. The watchdog (a daemon thread)
+publishes this process's heartbeat and failure in the coordination service's key-value store
+and ends the process with one line naming the peer when a peer fails or falls silent.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping
+
+from scone_jax.errors import UserError
+
+PEER_LOST_EXIT_CODE = 75  # EX_TEMPFAIL: rerun the job to resume from the last checkpoint
+KV_PREFIX = "scone_jax/watchdog"
+
+
+class PeerMonitor:
+    """Decides, from snapshots of the watchdog's key-value directory, whether a peer is lost.
+
+    A peer is lost when it reported a failure, or when its heartbeat counter has not changed
+    for `timeout_s` of this process's own clock (no clock is compared across hosts). A peer
+    that announced a normal exit is no longer watched.
+    """
+
+    def __init__(self, process_id: int, num_processes: int, timeout_s: float, now: float):
+        self.process_id, self.num_processes, self.timeout_s = process_id, num_processes, timeout_s
+        self.peers = [p for p in range(num_processes) if p != process_id]
+        self._last: dict[int, tuple[str | None, float]] = {p: (None, now) for p in self.peers}
+
+    def all_alive_since(self, moment: float, entries: Mapping[str, str]) -> bool:
+        """Whether every peer has beaten (or announced its exit) after `moment`: none is lost then."""
+        return all(self._last[p][1] > moment or f"{KV_PREFIX}/exiting/{p}" in entries for p in self.peers)
+
+    def observe(self, entries: Mapping[str, str], now: float) -> str | None:
+        """One line naming the lost peer, or None while every peer is fine."""
+        for p in self.peers:
+            failed = entries.get(f"{KV_PREFIX}/failed/{p}")
+            if failed is not None:
+                return f"process {p} of {self.num_processes} failed ({failed})"
+        for p in self.peers:
+            if f"{KV_PREFIX}/exiting/{p}" in entries:
+                continue
+            beat = entries.get(f"{KV_PREFIX}/beat/{p}")
+            last_beat, since = self._last[p]
+            if beat != last_beat:
+                self._last[p] = (beat, now)
+            elif now - since > self.timeout_s:
+                return (f"process {p} of {self.num_processes} is lost (no heartbeat for "
+                        f"{now - since:.0f}s, limit {self.timeout_s:g}s)")
+        return None
+
+
+def _exit_code(exc: BaseException) -> int:
+    if isinstance(exc, SystemExit):
+        return exc.code if isinstance(exc.code, int) else 1
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    return getattr(exc, "exit_code", 1) if isinstance(exc, UserError) else 1
+
+
+class Watchdog:
+    """A daemon thread: heartbeat into the key-value store, watch the peers, end this process if one is lost."""
+
+    def __init__(self, client, process_id: int, num_processes: int, timeout_s: float, coordinator: str):
+        self.client, self.process_id, self.num_processes = client, process_id, num_processes
+        self.timeout_s, self.coordinator = timeout_s, coordinator
+        self.interval_s = min(1.0, timeout_s / 10)
+        self.monitor = PeerMonitor(process_id, num_processes, timeout_s, time.monotonic())
+        self._stop = threading.Event()
+        self._failed_code: int | None = None  # set once this process's failure is published
+        self._pending: tuple[int, str, float] | None = None  # a runtime error, not yet published
+        self._thread = threading.Thread(target=self._run, name="scone-jax-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._set("beat", "0")
+        self._thread.start()
+        atexit.register(self._at_exit)  # runs before jax's own atexit shutdown (registered at import)
+
+    def _set(self, kind: str, value: str) -> None:
+        self.client.key_value_set(f"{KV_PREFIX}/{kind}/{self.process_id}", value, allow_overwrite=True)
+
+    def _run(self) -> None:
+        beat = 0
+        while not self._stop.wait(self.interval_s):
+            beat += 1
+            try:
+                self._set("beat", str(beat))
+                entries = dict(self.client.key_value_dir_get(f"{KV_PREFIX}/"))
+            except Exception as e:  # noqa: BLE001 - any failure here means the coordinator is gone
+                if self._stop.is_set():
+                    return
+                self._die(f"lost the coordinator (process 0 at {self.coordinator}): {str(e).splitlines()[0]}")
+                return
+            if self._failed_code is not None:
+                continue  # this process is already on its way out; it only keeps the heartbeat
+            verdict = self.monitor.observe(entries, time.monotonic())
+            if verdict:
+                self._die(verdict)
+            pending = self._pending
+            if pending is not None and self.monitor.all_alive_since(pending[2] + self.interval_s, entries):
+                self._publish(pending[0], pending[1])  # every peer is alive: the error was this process's own
+
+    def _die(self, verdict: str) -> None:
+        try:
+            self._set("acked", "1")  # lets a failed coordinator know its message was read
+        except Exception:  # noqa: BLE001
+            pass
+        print(f"scone-jax: {verdict}; stopping process {self.process_id}. Rerun the job to resume "
+              f"(training from its last checkpoint, an export from its finished rows).", file=sys.stderr, flush=True)
+        os._exit(PEER_LOST_EXIT_CODE)
+
+    def report_failure(self, exc: BaseException) -> None:
+        """Tell the peers this process failed, so they stop now instead of in a collective's timeout.
+
+        A runtime (XLA) error is usually a collective broken by a peer that died: it is published
+        only once every peer has shown a heartbeat since, so that when a peer is lost, the line
+        that ends the job names that peer (the watchdog finds it within the peer timeout).
+        """
+        if self._failed_code is not None or self._pending is not None:
+            return
+        code = _exit_code(exc)
+        line = (f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc) else type(exc).__name__)[:300]
+        if type(exc).__name__ in ("JaxRuntimeError", "XlaRuntimeError"):
+            self._pending = (code, line, time.monotonic())
+        else:
+            self._publish(code, line)
+
+    def _publish(self, code: int, line: str) -> None:
+        self._failed_code = code
+        try:
+            self._set("failed", line)
+        except Exception:  # noqa: BLE001 - the coordinator is gone: the runtime stops the peers
+            pass
+
+    def _at_exit(self) -> None:
+        if self._pending is not None and self._failed_code is None:
+            # the watchdog decides: it ends the process naming a lost peer, or publishes the error
+            deadline = time.monotonic() + self.timeout_s + 3 * self.interval_s
+            while self._failed_code is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if self._failed_code is None:
+                self._publish(*self._pending[:2])
+        if self._failed_code is None:
+            try:
+                self._set("exiting", "1")
+            except Exception:  # noqa: BLE001
+                pass
+            self._stop.set()
+            return
+        # Failed: skip jax's shutdown barrier (the peers are stopping, not coming to it). The
+        # coordinator hosts the key-value store, so it waits until the peers have read the failure.
+        if self.process_id == 0:
+            deadline = time.monotonic() + min(self.timeout_s, 3 * self.interval_s + 5)
+            while time.monotonic() < deadline and not self._peers_gone():
+                time.sleep(0.1)
+        self._stop.set()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(self._failed_code)
+
+    def _peers_gone(self) -> bool:
+        try:
+            entries = dict(self.client.key_value_dir_get(f"{KV_PREFIX}/"))
+        except Exception:  # noqa: BLE001
+            return True
+        return all(any(f"{KV_PREFIX}/{k}/{p}" in entries for k in ("acked", "failed", "exiting"))
+                   for p in self.monitor.peers)
+
+
