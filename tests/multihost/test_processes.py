@@ -1,11 +1,12 @@
 """Real 2-process jobs on localhost (gloo): healthy runs, per-process data, and what happens when a peer dies.
 
 The watchdog's limit is set low here (SCONE_PEER_TIMEOUT) so a lost peer is found in seconds.
+What stopped a job is read from its messages, never from how long it took (timings belong in
+benchmarks/): a failure report names the failure, a lost peer its silence.
 """
 
 import os
 import signal
-import time
 
 from tests.conftest import make_dataset, markov_documents
 from tests.multihost.helpers import worker_job
@@ -36,22 +37,19 @@ def test_a_killed_peer_stops_the_others_within_the_peer_timeout():
     victim = job.pid(1)
     job.wait_for(r"^\[p0\] STEP 10$")
     os.kill(victim, signal.SIGKILL)
-    killed_at = time.monotonic()
     job.finish(60)
-    elapsed = time.monotonic() - killed_at
-    lost = job.wait_for(r"^\[p0\] scone-jax: process 1 of 2 is lost \(no heartbeat for \d+s, limit 5s\); "
+    lost = job.wait_for(r"^\[p0\] scone-jax: process 1 of 2 is lost \(no heartbeat for (\d+)s, limit 5s\); "
                         r"stopping process 0\. Rerun the job")
-    assert lost and job.status(0) == 75 and job.status(1) == -signal.SIGKILL
-    assert PEER_TIMEOUT - 1.5 <= elapsed < PEER_TIMEOUT + 10, elapsed  # the watchdog polls every second
+    assert job.status(0) == 75 and job.status(1) == -signal.SIGKILL
+    assert int(lost.group(1)) >= PEER_TIMEOUT  # found by the heartbeat going silent, not by anything else
 
 
 def test_a_failing_peer_stops_the_others_at_once():
     # without the failure report, process 0 would wait in its collective until jax's shutdown
     # timeout (SCONE_SHUTDOWN_TIMEOUT, 120 s); the peer timeout is long here, so it is not what stops it
-    start = time.monotonic()
     job = worker_job(2, "fail-at", "10", "1", env={"SCONE_PEER_TIMEOUT": "60"})
     assert job.finish(60) in (1, 75), job.output[-3000:]  # whichever local.py saw first
-    assert time.monotonic() - start < 30
+    assert "is lost" not in job.output  # stopped by the report, not by a timeout
     job.wait_for(r"^\[p0\] scone-jax: process 1 of 2 failed \(RuntimeError: injected failure at step 10\); "
                  r"stopping process 0")
     assert job.status(1) == 1 and job.status(0) == 75
@@ -64,19 +62,16 @@ def test_a_lost_coordinator_stops_the_others_through_the_runtime():
     victim = job.pid(0)
     job.wait_for(r"^\[p1\] STEP 10$")
     os.kill(victim, signal.SIGKILL)
-    killed_at = time.monotonic()
     job.finish(60)
-    assert time.monotonic() - killed_at < PEER_TIMEOUT + 5
     assert job.status(1) not in (None, 0)
     assert "coordination service" in job.output
 
 
 def test_a_coordinator_failing_while_the_others_wait_at_a_barrier_stops_them():
     # the shape of data preparation: process 0 tokenizes while the others wait (train/session.py)
-    start = time.monotonic()
     job = worker_job(2, "barrier-fail", "0", env={"SCONE_PEER_TIMEOUT": "60"})
     assert job.finish(60) in (1, 75), job.output[-3000:]
-    assert time.monotonic() - start < 30
+    assert "is lost" not in job.output
     job.wait_for(r"^\[p1\] scone-jax: process 0 of 2 failed \(RuntimeError: injected failure before the barrier\)")
     assert job.status(0) == 1 and job.status(1) == 75
 
@@ -91,9 +86,8 @@ def test_a_runtime_error_caused_by_a_dead_peer_names_the_peer():
 
 
 def test_a_runtime_error_of_its_own_is_published_once_the_peers_are_seen_alive():
-    start = time.monotonic()
     job = worker_job(2, "runtime-error", "alone", env={"SCONE_PEER_TIMEOUT": "60"})
     job.finish(60)
-    assert time.monotonic() - start < 30  # not the 60 s peer timeout
+    assert "is lost" not in job.output  # published once the peer was seen alive, not after its timeout
     job.wait_for(r"^\[p1\] scone-jax: process 0 of 2 failed \(JaxRuntimeError: injected failure at step 10\)")
     assert job.status(0) == 1 and job.status(1) == 75

@@ -4,6 +4,7 @@ import signal
 
 import numpy as np
 
+from scone_jax.artifacts.run_dir import FINAL_EVAL_FILE, checkpoints_dir
 from scone_jax.config import load_config
 from scone_jax.train.loop import train
 from tests.train.helpers import cli, cli_run, losses, read_metrics, tiny_overrides, wait_for_step
@@ -45,11 +46,16 @@ def test_kill_and_resume_is_bitwise_identical(markov_dataset, tmp_path):
     args = ["train", "tiny", *tiny_overrides(markov_dataset.path, tmp_path / "killed", steps)]
     proc = cli(args)
     wait_for_step(tmp_path / "killed", 12, proc)
+    assert proc.poll() is None, "the run ended before the kill"
     proc.kill()  # SIGKILL: no chance to save; resume from the last interval checkpoint
     proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    saved = sorted(int(p.name) for p in checkpoints_dir(tmp_path / "killed").iterdir() if p.name.isdigit())
+    assert saved and max(saved) < steps and max(losses(tmp_path / "killed")) < steps  # killed mid-run
+    assert not (tmp_path / "killed" / FINAL_EVAL_FILE).exists()
     resumed = cli_run(args)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "resuming at step" in resumed.stdout
+    assert f"resuming at step {max(saved)}" in resumed.stdout
     assert losses(tmp_path / "killed") == losses(tmp_path / "straight")  # bitwise, every step, no gaps
 
 
