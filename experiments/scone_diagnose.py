@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from scone_jax.train.checkpoint import Checkpointer
-from scone_jax.train.run_dir import load_run_config
+from scone_jax.artifacts.checkpoint import Checkpointer
+from scone_jax.artifacts.run_dir import load_run_config
 from scone_jax.train.session import open_session
 
 

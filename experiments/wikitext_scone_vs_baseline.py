@@ -31,9 +31,9 @@ SCONE = {"fgrams.enabled": "true", "fgrams.max_n": 4, "fgrams.num_fgrams": 20000
 VARIANTS = {
     "baseline (2 layers)": {},
     "baseline x2 (4 layers)": {"model.n_layers": 4},
-    "SCONE replace, 1-layer f-gram model": {**SCONE, "fgrams.n_layers": 1},
+    "SCONE replace, 1-layer f-gram model": {**SCONE, "fgrams.n_layers": 1, "fgrams.combine": "replace"},
     "SCONE add, 1-layer f-gram model": {**SCONE, "fgrams.n_layers": 1, "fgrams.combine": "add"},
-    "SCONE replace, 2-layer (1x) f-gram model": {**SCONE, "fgrams.n_layers": 2},
+    "SCONE replace, 2-layer (1x) f-gram model": {**SCONE, "fgrams.n_layers": 2, "fgrams.combine": "replace"},
 }
 
 
