@@ -25,8 +25,13 @@ MIN_COUNT = 5
 VOCAB = 32_000
 
 
-def zipf_phrase_corpus(num_tokens: int, vocab: int = VOCAB, seed: int = 0, num_phrases: int = 300_000,
-                       mean_doc: int = 2000) -> tuple[np.ndarray, np.ndarray]:
+def zipf_phrase_corpus(
+    num_tokens: int,
+    vocab: int = VOCAB,
+    seed: int = 0,
+    num_phrases: int = 300_000,
+    mean_doc: int = 2000,
+) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
 
     def zipf(n, a):
@@ -45,9 +50,14 @@ def zipf_phrase_corpus(num_tokens: int, vocab: int = VOCAB, seed: int = 0, num_p
     uoff = np.concatenate([[0], np.cumsum(ulen)])
     unit_of = np.repeat(np.arange(units), ulen)[:num_tokens]
     within = np.arange(len(unit_of)) - uoff[unit_of]
-    toks = np.where(is_phrase[unit_of], ptok[np.minimum(poff[pid][unit_of] + within, len(ptok) - 1)],
-                    single[unit_of]).astype(np.uint16 if vocab <= 1 << 16 else np.uint32)
-    cuts = np.sort(rng.choice(np.arange(1, num_tokens), max(num_tokens // mean_doc - 1, 0), replace=False))
+    toks = np.where(
+        is_phrase[unit_of],
+        ptok[np.minimum(poff[pid][unit_of] + within, len(ptok) - 1)],
+        single[unit_of],
+    ).astype(np.uint16 if vocab <= 1 << 16 else np.uint32)
+    cuts = np.sort(
+        rng.choice(np.arange(1, num_tokens), max(num_tokens // mean_doc - 1, 0), replace=False)
+    )
     return toks, np.concatenate([[0], cuts, [num_tokens]]).astype(np.int64)
 
 
@@ -100,8 +110,13 @@ print(json.dumps({"seconds": seconds, "peak_rss": peak, "base_rss": rss0,
 
 def run_child(code: str = _CHILD, **args) -> dict:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    out = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True,
-                         env=env, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
     if out.returncode:
         raise RuntimeError(out.stderr[-3000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -128,7 +143,9 @@ def counter_baseline(tokens: np.ndarray, offsets: np.ndarray, k: int, s: int, m:
         doc = toks[a:b]
         for n in range(2, k + 1):
             c.update(zip(*(doc[j:] for j in range(n))))
-    kept = sorted(((g, n) for g, n in c.items() if n >= m), key=lambda gn: (-gn[1], len(gn[0]), gn[0]))[:s]
+    kept = sorted(
+        ((g, n) for g, n in c.items() if n >= m), key=lambda gn: (-gn[1], len(gn[0]), gn[0])
+    )[:s]
     return time.perf_counter() - t, kept
 
 
@@ -179,12 +196,14 @@ def primitive_costs(tokens: np.ndarray) -> dict[str, float]:
 
     t = np.asarray(tokens[:8_000_001], np.uint64)
     codes = t[:-1] * np.uint64(VOCAB) + t[1:]
-    keys = codes[:1 << 18].astype(np.uint32)
-    out = {"sort": best(lambda: np.sort(keys), 10) / len(keys) * 1e9,
-           "radix": best(lambda: _sorted(keys), 10) / len(keys) * 1e9}
+    keys = codes[: 1 << 18].astype(np.uint32)
+    out = {
+        "sort": best(lambda: np.sort(keys), 10) / len(keys) * 1e9,
+        "radix": best(lambda: _sorted(keys), 10) / len(keys) * 1e9,
+    }
     uniq, cnt = np.unique(codes, return_counts=True)
     table = HashIndex(uniq[cnt >= MIN_COUNT][np.argsort(-cnt[cnt >= MIN_COUNT], kind="stable")])
-    q = codes[:1 << 20]
+    q = codes[: 1 << 20]
     out["probe"] = best(lambda: table.slots(q), 5) / len(q) * 1e9
     t0 = time.perf_counter()
     fresh = np.full(1 << 23, 1, np.uint64)
@@ -220,29 +239,37 @@ def run(quick: bool = False) -> str:
         reps = 1 if quick else 3
         common = {"k": K, "s": s_count, "m": MIN_COUNT}
         sub = {"dataset": str(tmp / "sub"), **common}
-        runs = best_of_interleaved(reps, {
-            "counter": {"code": _COUNTER_CHILD, **sub},
-            "one": {**sub, "workers": 1},
-            "ours_sub": {**sub, "workers": workers},
-        })
+        runs = best_of_interleaved(
+            reps,
+            {
+                "counter": {"code": _COUNTER_CHILD, **sub},
+                "one": {**sub, "workers": 1},
+                "ours_sub": {**sub, "workers": workers},
+            },
+        )
         counter, one, ours_sub = runs["counter"], runs["one"], runs["ours_sub"]
         big = {"dataset": str(tmp / "ds"), **common, "workers": workers}
-        runs = best_of_interleaved(1 if quick else 2, {
-            "full": big, "ooc": {**big, "budget": budget, "tmp": str(tmp / "scratch")}})
+        runs = best_of_interleaved(
+            1 if quick else 2,
+            {"full": big, "ooc": {**big, "budget": budget, "tmp": str(tmp / "scratch")}},
+        )
         full, ooc = runs["full"], runs["ooc"]
         assert ooc["fingerprint"] == full["fingerprint"], "out-of-core and in-memory sets differ"
         counter_s = counter["seconds"]
         sub_set = FgramSet.load(_save_sub(tmp, K, s_count))
         ours = [(sub_set.fgram(i), int(sub_set.counts[i])) for i in range(sub_set.num_fgrams)]
-        assert hashlib.sha256(repr(ours).encode()).hexdigest() == counter["kept_sha256"], \
+        assert hashlib.sha256(repr(ours).encode()).hexdigest() == counter["kept_sha256"], (
             "the Counter baseline disagrees"
+        )
 
         # -- tagging --------------------------------------------------------------------------
         corpus = Corpus.from_dataset(tmp / "ds")
         starts = corpus.starts(0, corpus.num_tokens)
         tag_rows = []
         for s in sizes:
-            built = run_child(dataset=str(tmp / "ds"), k=K, s=s, m=2, workers=workers, save=str(tmp / f"set{s}"))
+            built = run_child(
+                dataset=str(tmp / "ds"), k=K, s=s, m=2, workers=workers, save=str(tmp / f"set{s}")
+            )
             fs = FgramSet.load(tmp / f"set{s}")
             t = time.perf_counter()
             tagger = fs.tagger()
@@ -260,11 +287,22 @@ def run(quick: bool = False) -> str:
             kid, klen = key_tagging(fs, np.asarray(tokens[:m_sub]), starts[:m_sub])
             t_keys = time.perf_counter() - t
             assert np.array_equal(klen, lens[:m_sub]), "key-based tagging disagrees"
-            tag_rows.append({"s": fs.num_fgrams, "asked": s, "cutoff": fs.cutoff_count, "build": built["seconds"],
-                             "tagger": t_build, "table": table_bytes, "all": n_tokens / t_all,
-                             "one": n_tokens / t_one, "keys": m_sub / t_keys,
-                             "probes": probes / n_tokens, "ns_probe": t_one / probes * 1e9,
-                             "coverage": float(hist[2:].sum() / n_tokens)})
+            tag_rows.append(
+                {
+                    "s": fs.num_fgrams,
+                    "asked": s,
+                    "cutoff": fs.cutoff_count,
+                    "build": built["seconds"],
+                    "tagger": t_build,
+                    "table": table_bytes,
+                    "all": n_tokens / t_all,
+                    "one": n_tokens / t_one,
+                    "keys": m_sub / t_keys,
+                    "probes": probes / n_tokens,
+                    "ns_probe": t_one / probes * 1e9,
+                    "coverage": float(hist[2:].sum() / n_tokens),
+                }
+            )
             del fs, tagger, lens
 
     cost = primitive_costs(tokens)
@@ -312,9 +350,11 @@ def run(quick: bool = False) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in tag_rows:
-        lines.append(f"| {r['s']:,}{'' if r['s'] == r['asked'] else ' (all with count >= 2)'} | {r['cutoff']} | "
-                     f"{r['tagger']:.1f} s | {mib(r['table'])} | {r['all'] / 1e6:.2f} M | {r['one'] / 1e6:.2f} M | "
-                     f"{r['probes']:.2f} | {r['ns_probe']:.0f} | {r['keys'] / 1e6:.2f} M | {r['coverage']:.1%} |")
+        lines.append(
+            f"| {r['s']:,}{'' if r['s'] == r['asked'] else ' (all with count >= 2)'} | {r['cutoff']} | "
+            f"{r['tagger']:.1f} s | {mib(r['table'])} | {r['all'] / 1e6:.2f} M | {r['one'] / 1e6:.2f} M | "
+            f"{r['probes']:.2f} | {r['ns_probe']:.0f} | {r['keys'] / 1e6:.2f} M | {r['coverage']:.1%} |"
+        )
     lines += [
         "",
         f"Tagging sets are counted from the same corpus with min count 2 (so that S = {sizes[-1]:,} exists).",

@@ -42,10 +42,15 @@ def time_train_step(preset: str, steps: int, vocab: int) -> dict:
     step_time = float(np.median(times))
     flops = model_flops(cfg.model, vocab, cfg.data.seq_len)
     tokens = shape[0] * shape[1]
-    return {"preset": preset, "params": flops.params_total, "tokens_per_step": tokens,
-            "step_time": step_time, "tokens_per_s": tokens / step_time,
-            "flops_per_step": flops.train_per_token * tokens,
-            "flops_per_s": flops.train_per_token * tokens / step_time}
+    return {
+        "preset": preset,
+        "params": flops.params_total,
+        "tokens_per_step": tokens,
+        "step_time": step_time,
+        "tokens_per_s": tokens / step_time,
+        "flops_per_step": flops.train_per_token * tokens,
+        "flops_per_s": flops.train_per_token * tokens / step_time,
+    }
 
 
 def run(quick: bool = False) -> str:
@@ -65,9 +70,14 @@ def run(quick: bool = False) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['preset']} | {r['params']:,} | {r['tokens_per_step']:,} | {r['step_time'] * 1e3:.1f} ms | "
-                     f"{r['tokens_per_s']:,.0f} | {r['flops_per_step'] / 1e9:.2f} | {r['flops_per_s'] / 1e9:.1f} | "
-                     f"{r['flops_per_s'] / peak:.2f} |")
-    lines += ["", "The gap to the matmul peak is the non-matmul work (layer norms, softmax, the optimizer "
-              "update, the embedding gather) and small matrices that do not fill the cores."]
+        lines.append(
+            f"| {r['preset']} | {r['params']:,} | {r['tokens_per_step']:,} | {r['step_time'] * 1e3:.1f} ms | "
+            f"{r['tokens_per_s']:,.0f} | {r['flops_per_step'] / 1e9:.2f} | {r['flops_per_s'] / 1e9:.1f} | "
+            f"{r['flops_per_s'] / peak:.2f} |"
+        )
+    lines += [
+        "",
+        "The gap to the matmul peak is the non-matmul work (layer norms, softmax, the optimizer "
+        "update, the embedding gather) and small matrices that do not fill the cores.",
+    ]
     return "\n".join(lines)

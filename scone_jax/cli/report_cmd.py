@@ -13,7 +13,9 @@ def register(sub) -> None:
         "Unfinished points are listed as incomplete.",
     )
     p.add_argument("sweep_dir", metavar="SWEEP_DIR", help="a sweep directory")
-    p.add_argument("--out", default=None, metavar="DIR", help="report directory (default: SWEEP_DIR/report)")
+    p.add_argument(
+        "--out", default=None, metavar="DIR", help="report directory (default: SWEEP_DIR/report)"
+    )
     p.set_defaults(func=run)
 
 

@@ -21,10 +21,15 @@ def register(sub) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("config", help="YAML config path or preset name (experiments/<name>.yaml)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, values parsed as YAML")
+    p.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="config overrides, values parsed as YAML"
+    )
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    p.add_argument("--count-params", action="store_true",
-                   help="print the parameter counts (backbone, non-embedding, f-gram model) and exit")
+    p.add_argument(
+        "--count-params",
+        action="store_true",
+        help="print the parameter counts (backbone, non-embedding, f-gram model) and exit",
+    )
     distributed_args.add_cli_arguments(p)
     p.set_defaults(func=run)
 
@@ -59,10 +64,14 @@ def describe_params(cfg) -> str:
     if not cfg.model.vocab_size:
         raise UserError("--count-params needs model.vocab_size (0 means 'from the tokenizer')")
     total, embedding = count_params(cfg.model, cfg.model.vocab_size)
-    line = (f"backbone {total / 1e6:,.1f}M parameters ({(total - embedding) / 1e6:,.1f}M non-embedding, "
-            f"{embedding / 1e6:,.1f}M embedding)")
+    line = (
+        f"backbone {total / 1e6:,.1f}M parameters ({(total - embedding) / 1e6:,.1f}M non-embedding, "
+        f"{embedding / 1e6:,.1f}M embedding)"
+    )
     if cfg.fgrams.enabled:
         fgram = count_fgram_params(cfg.fgrams, cfg.model)
-        line += (f"; f-gram model {fgram / 1e6:,.1f}M parameters (training only; at inference "
-                 f"{cfg.fgrams.num_fgrams:,} table rows off the accelerator)")
+        line += (
+            f"; f-gram model {fgram / 1e6:,.1f}M parameters (training only; at inference "
+            f"{cfg.fgrams.num_fgrams:,} table rows off the accelerator)"
+        )
     return line

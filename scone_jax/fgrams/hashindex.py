@@ -70,7 +70,9 @@ class HashIndex:
         home = self._slot(self.keys[occupied])
         self.spill = np.zeros(size, bool)
         self.spill[home[home != occupied]] = True
-        self.vals = claim.astype(np.int32 if n == 0 or values.max() < 2**31 - 1 else np.int64, copy=False)
+        self.vals = claim.astype(
+            np.int32 if n == 0 or values.max() < 2**31 - 1 else np.int64, copy=False
+        )
         self.vals[occupied] = values[claim[occupied]]
 
     def _slot(self, q: np.ndarray) -> np.ndarray:

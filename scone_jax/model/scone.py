@@ -20,23 +20,32 @@ from scone_jax.sharding.rules import constrain
 
 
 class SconeModel(nnx.Module):
-    def __init__(self, cfg: ModelConfig, fgram_cfg: FgramConfig, vocab_size: int, *, rngs: nnx.Rngs):
+    def __init__(
+        self, cfg: ModelConfig, fgram_cfg: FgramConfig, vocab_size: int, *, rngs: nnx.Rngs
+    ):
         self.backbone = Transformer(cfg, vocab_size, rngs=rngs)  # first: same init as the baseline
-        self.fgram = FgramModel(fgram_cfg.model_config(cfg), cfg.d_model, gated=fgram_cfg.combine == "gated",
-                                rngs=rngs)
+        self.fgram = FgramModel(
+            fgram_cfg.model_config(cfg), cfg.d_model, gated=fgram_cfg.combine == "gated", rngs=rngs
+        )
         self.combine = fgram_cfg.combine
 
     def fgram_embeddings(self, fgram_tokens: jax.Array, fgram_lengths: jax.Array) -> jax.Array:
         """F(w) for each f-gram in the buffer: [C, K] tokens (right-padded), [C] lengths -> [C, d]."""
         return self.fgram(self.backbone.table_rows(jnp.maximum(fgram_tokens, 0)), fgram_lengths)
 
-    def input_embeddings(self, tokens, fgram_index, fgram_nodes, fgram_paths, fgram_outputs) -> jax.Array:
+    def input_embeddings(
+        self, tokens, fgram_index, fgram_nodes, fgram_paths, fgram_outputs
+    ) -> jax.Array:
         """T(s_i), with the f-gram embedding replacing or added to it where a match exists."""
         x = self.backbone.embed(tokens)
-        outputs = self.fgram.forest(self.backbone.table_rows(fgram_nodes), fgram_paths, fgram_outputs).astype(x.dtype)
+        outputs = self.fgram.forest(
+            self.backbone.table_rows(fgram_nodes), fgram_paths, fgram_outputs
+        ).astype(x.dtype)
         rows = outputs.reshape(-1, outputs.shape[-1])
         matched = (fgram_index >= 0)[..., None]
-        gathered = constrain(jnp.take(rows, jnp.maximum(fgram_index, 0), axis=0), ("batch", "seq", "embed"))
+        gathered = constrain(
+            jnp.take(rows, jnp.maximum(fgram_index, 0), axis=0), ("batch", "seq", "embed")
+        )
         if self.combine == "replace":
             return jnp.where(matched, gathered, x)
         return x + jnp.where(matched, gathered, jnp.zeros_like(gathered))

@@ -25,8 +25,13 @@ def scone_artifacts(tmp_path_factory):
     print(f"scone_artifacts seed: {seed}")
     run_dir = train_scone_run(root, seed=seed, steps=8)
     export_table(run_dir, str(root / "table"), progress=False, range_rows=500)
-    return {"root": root, "run": run_dir, "dataset": root / "data", "fgrams": run_dir / "fgrams",
-            "table": root / "table"}
+    return {
+        "root": root,
+        "run": run_dir,
+        "dataset": root / "data",
+        "fgrams": run_dir / "fgrams",
+        "table": root / "table",
+    }
 
 
 def pytest_terminal_summary(terminalreporter):
