@@ -87,8 +87,9 @@ if args.get("save"):
 # VmHWM, not ru_maxrss: the latter keeps the parent's high-water mark across fork + exec
 peak = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
 print(json.dumps({"seconds": dt, "peak_rss": peak, "base_rss": rss0, "plan": fs.meta.get("plan"),
-                  "fingerprint": fs.fingerprint, "num_fgrams": fs.num_fgrams, "cutoff": fs.cutoff_count,
-                  "survivors": fs.meta["survivors_per_length"], "candidates": fs.meta["candidates_per_length"]}))
+                  "fingerprint": fs.fingerprint, "num_fgrams": fs.num_fgrams,
+                  "cutoff": fs.cutoff_count, "survivors": fs.meta["survivors_per_length"],
+                  "candidates": fs.meta["candidates_per_length"]}))
 """
 
 
@@ -316,67 +317,77 @@ def run(quick: bool = False) -> str:
     lines = [
         "## F-gram counting and tagging",
         "",
-        f"Corpus: {n_tokens:,} tokens of Zipf-like synthetic text with phrase structure (vocab {VOCAB:,}, "
-        f"{len(offsets) - 1:,} documents); K = {K}, min count {MIN_COUNT}, S = {s_count:,}. {workers} workers. "
-        f"The Counter baseline (a `Counter` of tuples per document and length, then filter and sort) runs on "
-        f"the first {sub_end:,} tokens only (on all of them it would need tens of GB); its result is checked "
-        f"equal to ours there. Times are the best of {reps} runs on the subset and of {1 if quick else 2} on the "
-        f"full corpus, each in a fresh process, configurations taken in turns. Load average at the start and end of this section: {load_before:.1f}, "
-        f"{load_after:.1f} (on {workers} cores; anything above ~0 means other jobs were competing).",
+        f"Corpus: {n_tokens:,} tokens of Zipf-like synthetic text with phrase structure (vocab "
+        f"{VOCAB:,}, {len(offsets) - 1:,} documents); K = {K}, min count {MIN_COUNT}, S = "
+        f"{s_count:,}. {workers} workers. The Counter baseline (a `Counter` of tuples per document "
+        f"and length, then filter and sort) runs on the first {sub_end:,} tokens only (on all of "
+        "them it would need tens of GB); its result is checked equal to ours there. Times are the "
+        f"best of {reps} runs on the subset and of {1 if quick else 2} on the full corpus, each in "
+        "a fresh process, configurations taken in turns. Load average at the start and end of this "
+        f"section: {load_before:.1f}, {load_after:.1f} (on {workers} cores; anything above ~0 "
+        "means other jobs were competing).",
         "",
         "| counting | tokens | time | tokens/s | vs Counter | peak RSS (counting only) |",
         "|---|---|---|---|---|---|",
-        f"| Counter baseline, 1 core | {sub_end:,} | {counter_s:.1f} s | {counter_rate / 1e6:.2f} M | 1x | "
-        f"{mib(counter['peak_rss'] - counter['base_rss'])} |",
+        f"| Counter baseline, 1 core | {sub_end:,} | {counter_s:.1f} s | {counter_rate / 1e6:.2f} "
+        f"M | 1x | {mib(counter['peak_rss'] - counter['base_rss'])} |",
         f"| scone_jax, in memory, 1 worker | {sub_end:,} | {one['seconds']:.2f} s | "
-        f"{sub_end / one['seconds'] / 1e6:.2f} M | {sub_end / one['seconds'] / counter_rate:.1f}x | "
-        f"{mib(one['peak_rss'] - one['base_rss'])} |",
+        f"{sub_end / one['seconds'] / 1e6:.2f} M | {sub_end / one['seconds'] / counter_rate:.1f}x "
+        f"| {mib(one['peak_rss'] - one['base_rss'])} |",
         f"| scone_jax, in memory, {workers} workers | {sub_end:,} | {ours_sub['seconds']:.2f} s | "
         f"{ours_sub_rate / 1e6:.2f} M | {ours_sub_rate / counter_rate:.1f}x | "
         f"{mib(ours_sub['peak_rss'] - ours_sub['base_rss'])} |",
-        f"| scone_jax, in memory, {workers} workers | {n_tokens:,} | {full['seconds']:.2f} s | {rate / 1e6:.2f} M | "
-        f"{rate / counter_rate:.1f}x | {mib(full['peak_rss'] - full['base_rss'])} |",
+        f"| scone_jax, in memory, {workers} workers | {n_tokens:,} | {full['seconds']:.2f} s | "
+        f"{rate / 1e6:.2f} M | {rate / counter_rate:.1f}x | "
+        f"{mib(full['peak_rss'] - full['base_rss'])} |",
         f"| scone_jax, out of core, budget {mib(budget)} | {n_tokens:,} | {ooc['seconds']:.2f} s | "
-        f"{n_tokens / ooc['seconds'] / 1e6:.2f} M | {n_tokens / ooc['seconds'] / counter_rate:.1f}x | "
-        f"{mib(ooc['peak_rss'] - ooc['base_rss'])} ({'within' if ooc['peak_rss'] - ooc['base_rss'] <= budget else 'OVER'} budget) |",
+        f"{n_tokens / ooc['seconds'] / 1e6:.2f} M | "
+        f"{n_tokens / ooc['seconds'] / counter_rate:.1f}x | "
+        f"{mib(ooc['peak_rss'] - ooc['base_rss'])} "
+        f"({'within' if ooc['peak_rss'] - ooc['base_rss'] <= budget else 'OVER'} budget) |",
         "",
         f"Same set from both paths (fingerprint {full['fingerprint'][:12]}). Survivors per length "
         f"(min count {MIN_COUNT}): {full['survivors']}; candidates counted after Apriori pruning: "
-        f"{full['candidates']}. Peak RSS counts the counting process after its imports and the corpus "
-        f"being opened (tokens are read with pread, so the file itself is not resident).",
+        f"{full['candidates']}. Peak RSS counts the counting process after its imports and the "
+        "corpus being opened (tokens are read with pread, so the file itself is not resident).",
         "",
-        f"| tagging, S | cutoff | tagger build | table size | tokens/s, {workers} workers | tokens/s, 1 worker | "
-        f"probes/token | ns/probe (1 worker) | sorted keys + searchsorted, tokens/s | coverage |",
+        f"| tagging, S | cutoff | tagger build | table size | tokens/s, {workers} workers | "
+        "tokens/s, 1 worker | probes/token | ns/probe (1 worker) | sorted keys + searchsorted, "
+        "tokens/s | coverage |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in tag_rows:
         lines.append(
-            f"| {r['s']:,}{'' if r['s'] == r['asked'] else ' (all with count >= 2)'} | {r['cutoff']} | "
-            f"{r['tagger']:.1f} s | {mib(r['table'])} | {r['all'] / 1e6:.2f} M | {r['one'] / 1e6:.2f} M | "
-            f"{r['probes']:.2f} | {r['ns_probe']:.0f} | {r['keys'] / 1e6:.2f} M | {r['coverage']:.1%} |"
+            f"| {r['s']:,}{'' if r['s'] == r['asked'] else ' (all with count >= 2)'} | "
+            f"{r['cutoff']} | {r['tagger']:.1f} s | {mib(r['table'])} | {r['all'] / 1e6:.2f} M | "
+            f"{r['one'] / 1e6:.2f} M | {r['probes']:.2f} | {r['ns_probe']:.0f} | "
+            f"{r['keys'] / 1e6:.2f} M | {r['coverage']:.1%} |"
         )
     lines += [
         "",
-        f"Tagging sets are counted from the same corpus with min count 2 (so that S = {sizes[-1]:,} exists).",
+        "Tagging sets are counted from the same corpus with min count 2 (so that S = "
+        f"{sizes[-1]:,} exists).",
         "",
-        f"**What limits it.** Counting: every candidate position costs one element of a sort and, one length "
-        f"later, one hash probe (the id of its n-gram in an open-addressing table). Codes are split by the top "
-        f"bits of a bijective mix into partitions of uint32 keys; a partition is sorted by two stable argsorts "
-        f"of its 16-bit halves (numpy radix-sorts 16-bit keys in O(n), skipping byte columns that are constant "
-        f"in the partition) and run-length counted. Measured here on the corpus's bigram codes: that sort "
-        f"{cost['radix']:.0f} ns/key, against {cost['sort']:.0f} ns/key for `np.sort` (a vectorised quicksort); "
-        f"a probe {cost['probe']:.0f} ns (frequent n-grams are inserted first, so they sit in their home slot, "
-        f"and a spill flag per slot ends most misses at the first gather). With the subset's {codes_sub:,} "
-        f"codes and {probes_sub:,} probes that is {explained:.0%} of the 1-worker time, the rest being "
-        f"whole-array passes (code arithmetic, masks, the partition shuffle: a radix argsort on 8-bit "
-        f"partition ids and a gather) and first-touching fresh arrays ({cost['fault']:.2f} ns per byte here). "
-        f"numpy has no hash aggregation, so the remaining lever is cores: 2 workers. Apriori pruning removes "
-        f"little at this size (most candidate positions belong to frequent n-grams). "
-        "Out of core adds a write and a read of every candidate key and of the per-position ids per pass. "
-        "Tagging: each token costs about one probe per length it matches plus one (the chain stops at the "
-        "first miss); once the tables exceed the last-level cache (32 MiB here) each probe is a DRAM miss, "
-        "so ns/probe grows with S. Hashing every suffix and binary-searching the sorted keys costs "
-        "log2(S) dependent misses per length instead, hence the gap in the last column.",
+        "**What limits it.** Counting: every candidate position costs one element of a sort and, "
+        "one length later, one hash probe (the id of its n-gram in an open-addressing table). "
+        "Codes are split by the top bits of a bijective mix into partitions of uint32 keys; a "
+        "partition is sorted by two stable argsorts of its 16-bit halves (numpy radix-sorts 16-bit "
+        "keys in O(n), skipping byte columns that are constant in the partition) and run-length "
+        f"counted. Measured here on the corpus's bigram codes: that sort {cost['radix']:.0f} "
+        f"ns/key, against {cost['sort']:.0f} ns/key for `np.sort` (a vectorised quicksort); a "
+        f"probe {cost['probe']:.0f} ns (frequent n-grams are inserted first, so they sit in their "
+        "home slot, and a spill flag per slot ends most misses at the first gather). With the "
+        f"subset's {codes_sub:,} codes and {probes_sub:,} probes that is {explained:.0%} of the "
+        "1-worker time, the rest being whole-array passes (code arithmetic, masks, the partition "
+        "shuffle: a radix argsort on 8-bit partition ids and a gather) and first-touching fresh "
+        f"arrays ({cost['fault']:.2f} ns per byte here). numpy has no hash aggregation, so the "
+        "remaining lever is cores: 2 workers. Apriori pruning removes little at this size (most "
+        "candidate positions belong to frequent n-grams). Out of core adds a write and a read of "
+        "every candidate key and of the per-position ids per pass. Tagging: each token costs about "
+        "one probe per length it matches plus one (the chain stops at the first miss); once the "
+        "tables exceed the last-level cache (32 MiB here) each probe is a DRAM miss, so ns/probe "
+        "grows with S. Hashing every suffix and binary-searching the sorted keys costs log2(S) "
+        "dependent misses per length instead, hence the gap in the last column.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -243,66 +243,74 @@ def run(quick: bool = False) -> str:
     lines = [
         "## SCONE train step vs the baseline (CPU)",
         "",
-        f"Text: {results[0]['source']}. F-gram model 1x (same depth as the backbone), K = 5, f-grams counted on "
-        "the training split: the first row with the f-gram settings of the shipped `tiny_scone` preset (S = "
-        f"{results[0]['requested']:,}), the others with every f-gram of count 3 or more (up to "
-        '100K; the "f-grams" column says how many that is), the hardest setting this text gives. The same 4 '
-        "batches for every variant. Dedup and plain are "
-        "each timed against the baseline in their own rotation (a third, memory-heavier variant in the same "
-        "rotation slowed the other two and moved their ratio, in a trial by +0.1x): each round runs one step of both in a fresh random order; "
-        "step times are medians over rounds, ratios the medians of each round's ratio to the baseline.",
+        f"Text: {results[0]['source']}. F-gram model 1x (same depth as the backbone), K = 5, "
+        "f-grams counted on the training split: the first row with the f-gram settings of the "
+        f"shipped `tiny_scone` preset (S = {results[0]['requested']:,}), the others with every "
+        'f-gram of count 3 or more (up to 100K; the "f-grams" column says how many that is), the '
+        "hardest setting this text gives. The same 4 batches for every variant. Dedup and plain "
+        "are each timed against the baseline in their own rotation (a third, memory-heavier "
+        "variant in the same rotation slowed the other two and moved their ratio, in a trial by "
+        "+0.1x): each round runs one step of both in a fresh random order; step times are medians "
+        "over rounds, ratios the medians of each round's ratio to the baseline.",
         "",
-        "| preset | f-grams | baseline step | SCONE dedup | ratio | SCONE plain | ratio | match rate | distinct ratio | "
-        "mean match length | tokens of the distinct f-grams | prefix nodes | slots computed (dedup / plain) | "
-        "output slots (dedup) | f-gram FLOPs / backbone FLOPs (dedup) | page faults per step (baseline / dedup) |",
+        "| preset | f-grams | baseline step | SCONE dedup | ratio | SCONE plain | ratio | match "
+        "rate | distinct ratio | mean match length | tokens of the distinct f-grams | prefix nodes "
+        "| slots computed (dedup / plain) | output slots (dedup) | f-gram FLOPs / backbone FLOPs "
+        "(dedup) | page faults per step (baseline / dedup) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         t, ratio, faults = r["times"], r["ratios"], r["page_faults"]
         d, p = r["dedup"], r["plain"]
         lines.append(
-            f"| {r['preset']} | {r['num_fgrams']:,} | {t['baseline'] * 1e3:.0f} ms | {t['dedup'] * 1e3:.0f} ms | "
-            f"{ratio['dedup']:.2f}x | {t['plain'] * 1e3:.0f} ms | {ratio['plain']:.2f}x | "
-            f"{d['match_rate']:.2f} | {d['distinct_ratio']:.2f} | {d['mean_match_length']:.2f} | "
-            f"{d['fgram_tokens']:.0f} | {d['fgram_nodes']:.0f} | {d['fgram_positions']:.0f} / "
-            f"{p['fgram_positions']:.0f} | {d['fgram_outputs']:.0f} | {d['fgram_flops_fraction']:.2f} | "
-            f"{faults['baseline']:,.0f} / {faults['dedup']:,.0f} |"
+            f"| {r['preset']} | {r['num_fgrams']:,} | {t['baseline'] * 1e3:.0f} ms | "
+            f"{t['dedup'] * 1e3:.0f} ms | {ratio['dedup']:.2f}x | {t['plain'] * 1e3:.0f} ms | "
+            f"{ratio['plain']:.2f}x | {d['match_rate']:.2f} | {d['distinct_ratio']:.2f} | "
+            f"{d['mean_match_length']:.2f} | {d['fgram_tokens']:.0f} | {d['fgram_nodes']:.0f} | "
+            f"{d['fgram_positions']:.0f} / {p['fgram_positions']:.0f} | {d['fgram_outputs']:.0f} | "
+            f"{d['fgram_flops_fraction']:.2f} | {faults['baseline']:,.0f} / {faults['dedup']:,.0f} "
+            "|"
         )
     ft, ff = fresh["times"], fresh["page_faults"]
     lines += [
         "",
-        "Target (issue): at most 1.5x the baseline with deduplication on the tiny and small presets; here "
-        f"{with_interval(results[0])} at the tiny_scone preset's settings, "
+        "Target (issue): at most 1.5x the baseline with deduplication on the tiny and small "
+        f"presets; here {with_interval(results[0])} at the tiny_scone preset's settings, "
         + "".join(f"{with_interval(r)} on {r['preset']}, " for r in results[2:])
-        + f"and {with_interval(results[1])} on tiny with every f-gram (bootstrap 90% intervals of the median "
+        + f"and {with_interval(results[1])} on tiny with every f-gram (bootstrap 90% intervals of "
+        "the median "
         "over this run's rounds; separate runs drift further). What sets the ratio is the f-gram "
-        "model's FLOPs relative to the backbone's: each position the f-gram model computes costs about one "
-        "backbone position without the output layer (1x), so the overhead is about (f-gram positions computed / "
-        "batch positions) x (f-gram model FLOPs per position / backbone FLOPs per position). Deduplication "
-        "computes each distinct f-gram once, and because the f-gram model is causal with start-aligned "
-        "positions, f-grams sharing a prefix share its positions too: the batch's f-grams form a prefix forest "
-        'and each distinct prefix is one node ("tokens of the distinct f-grams" is what computing each '
-        'distinct f-gram alone would cost, "prefix nodes" what the forest costs). Nodes are laid out '
-        f"depth-first in blocks of {results[0]['block']} slots, attention dense within a block: a first token's "
-        "nodes that fit a block are packed with others' into shared blocks, larger ones are cut with their "
-        "ancestors copied at the cut; slots add those copies and the static buffer's headroom. The last layer's "
-        'output projection and MLP run on the output nodes only ("output slots"). Plain computes one chain '
-        "per matched position. On these small CPU batches the distinct ratio stays high (few repeats within 16 "
-        "windows); it falls as batches grow, which is where the paper's setting (512 x 1024 tokens per batch) "
-        f"sits. Tiny with every f-gram at 64 windows ({larger['positions']:,} tokens per batch): distinct ratio "
-        f"{larger['dedup']['distinct_ratio']:.2f}, {larger['dedup']['fgram_nodes'] / larger['positions']:.2f} prefix "
-        f"nodes per position (at 16 windows: {results[1]['dedup']['fgram_nodes'] / results[1]['positions']:.2f}), "
-        f"f-gram FLOPs / backbone FLOPs {larger['dedup']['fgram_flops_fraction']:.2f}, step time "
+        "model's FLOPs relative to the backbone's: each position the f-gram model computes costs "
+        "about one backbone position without the output layer (1x), so the overhead is about "
+        "(f-gram positions computed / batch positions) x (f-gram model FLOPs per position / "
+        "backbone FLOPs per position). Deduplication computes each distinct f-gram once, and "
+        "because the f-gram model is causal with start-aligned positions, f-grams sharing a prefix "
+        "share its positions too: the batch's f-grams form a prefix forest and each distinct "
+        'prefix is one node ("tokens of the distinct f-grams" is what computing each distinct '
+        'f-gram alone would cost, "prefix nodes" what the forest costs). Nodes are laid out '
+        f"depth-first in blocks of {results[0]['block']} slots, attention dense within a block: a "
+        "first token's nodes that fit a block are packed with others' into shared blocks, larger "
+        "ones are cut with their ancestors copied at the cut; slots add those copies and the "
+        "static buffer's headroom. The last layer's output projection and MLP run on the output "
+        'nodes only ("output slots"). Plain computes one chain per matched position. On these '
+        "small CPU batches the distinct ratio stays high (few repeats within 16 windows); it falls "
+        "as batches grow, which is where the paper's setting (512 x 1024 tokens per batch) sits. "
+        f"Tiny with every f-gram at 64 windows ({larger['positions']:,} tokens per batch): "
+        f"distinct ratio {larger['dedup']['distinct_ratio']:.2f}, "
+        f"{larger['dedup']['fgram_nodes'] / larger['positions']:.2f} prefix nodes per position (at "
+        f"16 windows: {results[1]['dedup']['fgram_nodes'] / results[1]['positions']:.2f}), f-gram "
+        f"FLOPs / backbone FLOPs {larger['dedup']['fgram_flops_fraction']:.2f}, step time "
         f"{larger['ratios']['dedup']:.2f}x the baseline's.",
         "",
-        "**Page faults.** XLA on CPU allocates each step's temporaries as one buffer; glibc maps a block that "
-        "large afresh on every call and unmaps it after, so every step page-faults (and the kernel zeroes) "
-        "all of it: the last column. Those faults cost the baseline relatively more than SCONE. Run "
-        f"in a fresh process under `{' '.join(f'{k}={v}' for k, v in NO_REFAULT_ENV.items())}` (the "
-        "buffer is then reused), tiny with every f-gram measures: baseline "
-        f"{ft['baseline'] * 1e3:.0f} ms, SCONE dedup {ft['dedup'] * 1e3:.0f} ms, ratio "
-        f"{fresh['ratios']['dedup']:.2f}x, page faults per step {ff['baseline']:,.0f} / {ff['dedup']:,.0f}. "
-        "Those settings make CPU training steps faster (docs/training.md has when they do not pay off); the ratio "
-        "without faults is the one to hold against the FLOP fraction.",
+        "**Page faults.** XLA on CPU allocates each step's temporaries as one buffer; glibc maps a "
+        "block that large afresh on every call and unmaps it after, so every step page-faults (and "
+        "the kernel zeroes) all of it: the last column. Those faults cost the baseline relatively "
+        "more than SCONE. Run in a fresh process under "
+        f"`{' '.join(f'{k}={v}' for k, v in NO_REFAULT_ENV.items())}` (the buffer is then reused), "
+        f"tiny with every f-gram measures: baseline {ft['baseline'] * 1e3:.0f} ms, SCONE dedup "
+        f"{ft['dedup'] * 1e3:.0f} ms, ratio {fresh['ratios']['dedup']:.2f}x, page faults per step "
+        f"{ff['baseline']:,.0f} / {ff['dedup']:,.0f}. Those settings make CPU training steps "
+        "faster (docs/training.md has when they do not pay off); the ratio without faults is the "
+        "one to hold against the FLOP fraction.",
     ]
     return "\n".join(lines)

@@ -47,7 +47,8 @@ PAPER = {
 
 
 def bigram_table(path: Path, rows: int, width: int, vocab: int, dtype: str = "bfloat16") -> str:
-    """A synthetic table of `rows` distinct bigrams (closed under prefixes trivially) with random rows."""
+    """A synthetic table of `rows` distinct bigrams (closed under prefixes trivially) with random
+    rows."""
     side = int(np.ceil(np.sqrt(rows)))
     assert side <= vocab, "vocab too small for that many bigrams"
     ids = np.arange(rows)
@@ -200,25 +201,24 @@ def run(quick: bool = False) -> str:
         "## Serving: decode with the table off the accelerator (CPU)",
         "",
         f"Backbone: the small preset (d {width}, {cfg.model.n_layers} layers) with a vocabulary of "
-        "sqrt(rows) tokens (1,000 and 3,163), and a table of every bigram over it with random bfloat16 rows "
-        "(the lookup cost does not depend on the values): every decoded token matches a row. A smaller "
-        "vocabulary than the preset's 8,192 makes the backbone step cheaper, so the lookup weighs more. "
-        "Decode = `generate` with the KV cache and sampling at temperature 1 (32-token prompts, "
-        f"{new_tokens} new tokens): per token one jitted step plus the host-side match and row fetch. The "
-        "RAM and disk tiers each decode in lockstep with the baseline alone (a third engine in the same "
-        "lockstep, with its own caches and reads, slowed the other two unevenly: in trials the RAM tier's "
-        "ratio at 10M rows and batch 1 was 0.98 alone with the baseline, 0.95 and 0.97 with the disk tier "
-        "beside them; each tier's baseline column is the baseline in its lockstep), each step timed alone, "
-        "so drift of the "
-        "machine's speed hits both alike; "
-        "tok/s are medians over rounds, ratios the medians of each round's ratio (in brackets: a bootstrap "
-        "90% interval of that median). Every round "
-        "has fresh prompts and seeds, so nearly every step reads a row the disk tier's caches do not hold "
-        "(the OS page cache may hold the table file: the machine has the RAM). "
+        "sqrt(rows) tokens (1,000 and 3,163), and a table of every bigram over it with random "
+        "bfloat16 rows (the lookup cost does not depend on the values): every decoded token "
+        "matches a row. A smaller vocabulary than the preset's 8,192 makes the backbone step "
+        "cheaper, so the lookup weighs more. Decode = `generate` with the KV cache and sampling at "
+        f"temperature 1 (32-token prompts, {new_tokens} new tokens): per token one jitted step "
+        "plus the host-side match and row fetch. The RAM and disk tiers each decode in lockstep "
+        "with the baseline alone (a third engine in the same lockstep, with its own caches and "
+        "reads, slowed the other two unevenly: in trials the RAM tier's ratio at 10M rows and "
+        "batch 1 was 0.98 alone with the baseline, 0.95 and 0.97 with the disk tier beside them; "
+        "each tier's baseline column is the baseline in its lockstep), each step timed alone, so "
+        "drift of the machine's speed hits both alike; tok/s are medians over rounds, ratios the "
+        "medians of each round's ratio (in brackets: a bootstrap 90% interval of that median). "
+        "Every round has fresh prompts and seeds, so nearly every step reads a row the disk tier's "
+        "caches do not hold (the OS page cache may hold the table file: the machine has the RAM). "
         f"Measured memory bandwidth (numpy copy): {bandwidth / 1e9:.1f} GB/s.",
         "",
-        "| rows | batch | baseline tok/s | RAM tok/s | RAM / baseline | baseline tok/s | disk tok/s | "
-        "disk / baseline |",
+        "| rows | batch | baseline tok/s | RAM tok/s | RAM / baseline | baseline tok/s | disk "
+        "tok/s | disk / baseline |",
         "|---|---|---|---|---|---|---|---|",
     ]
     latency_rows = []
@@ -250,7 +250,8 @@ def run(quick: bool = False) -> str:
         "",
         "Per-token row fetch latency (random rows, deduplicated per batch):",
         "",
-        "| rows | tier | batch 1 | 2 | 4 | 8 | 16 | bytes/token | bytes/s at batch 16 / bandwidth |",
+        "| rows | tier | batch 1 | 2 | 4 | 8 | 16 | bytes/token | bytes/s at batch 16 / bandwidth "
+        "|",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for rows, tier, lat in latency_rows:
@@ -315,13 +316,15 @@ def export_throughput(quick: bool) -> list[str]:
     return [
         "Export throughput (tiny SCONE run, 1x f-gram model, float32 rows, this CPU):",
         "",
-        "| rows | rows/s | prefix nodes/row | f-gram model FLOPs/row (forest / each alone) | achieved GFLOP/s | "
-        "fraction of matmul peak |",
+        "| rows | rows/s | prefix nodes/row | f-gram model FLOPs/row (forest / each alone) | "
+        "achieved GFLOP/s | fraction of matmul peak |",
         "|---|---|---|---|---|---|",
-        f"| {meta['num_rows']:,} | {meta['rows_per_s']:,.0f} | {nodes / len(order):.2f} | {flops / 1e6:.2f} M / "
-        f"{alone / 1e6:.2f} M | {achieved / 1e9:.2f} | {achieved / peak:.2f} |",
+        f"| {meta['num_rows']:,} | {meta['rows_per_s']:,.0f} | {nodes / len(order):.2f} | "
+        f"{flops / 1e6:.2f} M / {alone / 1e6:.2f} M | {achieved / 1e9:.2f} | {achieved / peak:.2f} "
+        "|",
         "",
-        "Export computes batches of f-grams in lexicographic order as prefix forests, so each row costs about "
-        "one f-gram model position instead of its length. It is a forward pass over short paths: small "
-        "matmuls, far from the peak on CPU; on an accelerator the batch of f-grams per call is what to raise.",
+        "Export computes batches of f-grams in lexicographic order as prefix forests, so each row "
+        "costs about one f-gram model position instead of its length. It is a forward pass over "
+        "short paths: small matmuls, far from the peak on CPU; on an accelerator the batch of "
+        "f-grams per call is what to raise.",
     ]

@@ -64,15 +64,18 @@ def run(quick: bool = False) -> str:
         "## Baseline train step (CPU)",
         "",
         f"Matmul peak measured in this run (float32, best of 20): {peak / 1e9:.1f} GFLOP/s on "
-        f"{len(jax.devices())} device(s). FLOPs per step count matmuls only (6N per token plus attention).",
+        f"{len(jax.devices())} device(s). FLOPs per step count matmuls only (6N per token plus "
+        "attention).",
         "",
-        "| preset | params | tokens/step | step time (median) | tokens/s | GFLOP/step | achieved GFLOP/s | fraction of matmul peak |",
+        "| preset | params | tokens/step | step time (median) | tokens/s | GFLOP/step | achieved "
+        "GFLOP/s | fraction of matmul peak |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['preset']} | {r['params']:,} | {r['tokens_per_step']:,} | {r['step_time'] * 1e3:.1f} ms | "
-            f"{r['tokens_per_s']:,.0f} | {r['flops_per_step'] / 1e9:.2f} | {r['flops_per_s'] / 1e9:.1f} | "
+            f"| {r['preset']} | {r['params']:,} | {r['tokens_per_step']:,} | "
+            f"{r['step_time'] * 1e3:.1f} ms | {r['tokens_per_s']:,.0f} | "
+            f"{r['flops_per_step'] / 1e9:.2f} | {r['flops_per_s'] / 1e9:.1f} | "
             f"{r['flops_per_s'] / peak:.2f} |"
         )
     lines += [

@@ -35,8 +35,8 @@ GPT2_128M_SHAPED = ("data.tokenizer_vocab_size=8192",)  # a vocabulary the defau
 def device_line() -> str:
     devices = jax.devices()
     return (
-        f"{len(devices)} x {devices[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}, "
-        f"Python {platform.python_version()}"
+        f"{len(devices)} x {devices[0].device_kind} ({jax.default_backend()}), jax "
+        f"{jax.__version__}, Python {platform.python_version()}"
     )
 
 
@@ -62,8 +62,8 @@ def run_tests(quick: bool) -> list[str]:
     lines = [
         "## Model tests on the accelerator",
         "",
-        f"`pytest {' '.join(targets)}` with JAX_PLATFORMS={env['JAX_PLATFORMS']}, matmul precision highest: "
-        f"**{summary}** (exit {done.returncode}, {time.perf_counter() - start:.0f} s).",
+        f"`pytest {' '.join(targets)}` with JAX_PLATFORMS={env['JAX_PLATFORMS']}, matmul precision "
+        f"highest: **{summary}** (exit {done.returncode}, {time.perf_counter() - start:.0f} s).",
     ]
     if done.returncode:
         failed = [line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
@@ -87,11 +87,12 @@ def scone_steps(quick: bool, work: Path) -> list[str]:
     lines = [
         "## SCONE train step vs the baseline on the accelerator",
         "",
-        "F-gram model 1x, K = 5, every f-gram of count >= 3 in the text (up to 100K), as in BENCHMARKS.md; "
-        "ratios are medians of per-round ratios in lockstep, with bootstrap 90% intervals.",
+        "F-gram model 1x, K = 5, every f-gram of count >= 3 in the text (up to 100K), as in "
+        "BENCHMARKS.md; ratios are medians of per-round ratios in lockstep, with bootstrap 90% "
+        "intervals.",
         "",
-        "| setting | f-grams | baseline step | dedup | ratio | plain | ratio | distinct ratio | prefix nodes "
-        "per position | f-gram FLOPs / backbone FLOPs (dedup) |",
+        "| setting | f-grams | baseline step | dedup | ratio | plain | ratio | distinct ratio | "
+        "prefix nodes per position | f-gram FLOPs / backbone FLOPs (dedup) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, preset, batch, overrides in settings:
@@ -104,10 +105,10 @@ def scone_steps(quick: bool, work: Path) -> list[str]:
         shown = {m: ratio_text(r["ratios"][m], r["intervals"][m], "x") for m in ("dedup", "plain")}
         d = r["dedup"]
         lines.append(
-            f"| {name} | {r['num_fgrams']:,} | {t['baseline'] * 1e3:.2f} ms | {t['dedup'] * 1e3:.2f} ms | "
-            f"{shown['dedup']} | {t['plain'] * 1e3:.2f} ms | {shown['plain']} | "
-            f"{d['distinct_ratio']:.2f} | {d['fgram_nodes'] / r['positions']:.2f} | "
-            f"{d['fgram_flops_fraction']:.2f} |"
+            f"| {name} | {r['num_fgrams']:,} | {t['baseline'] * 1e3:.2f} ms | "
+            f"{t['dedup'] * 1e3:.2f} ms | {shown['dedup']} | {t['plain'] * 1e3:.2f} ms | "
+            f"{shown['plain']} | {d['distinct_ratio']:.2f} | "
+            f"{d['fgram_nodes'] / r['positions']:.2f} | {d['fgram_flops_fraction']:.2f} |"
         )
     return lines
 
@@ -122,8 +123,9 @@ def serve_decode(quick: bool, work: Path) -> list[str]:
     lines = [
         "## Decoding with the table off the accelerator",
         "",
-        f"Small preset backbone, vocabulary {side:,}, a table of {rows:,} bigram rows (bfloat16), 32-token "
-        f"prompts, {new_tokens} new tokens sampled; each tier in lockstep with the baseline.",
+        f"Small preset backbone, vocabulary {side:,}, a table of {rows:,} bigram rows (bfloat16), "
+        f"32-token prompts, {new_tokens} new tokens sampled; each tier in lockstep with the "
+        "baseline.",
         "",
         "| batch | tier | baseline tok/s | tier tok/s | tier / baseline |",
         "|---|---|---|---|---|",

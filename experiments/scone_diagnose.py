@@ -10,7 +10,7 @@ batch), each with checkpoints at several steps, prints and writes, per checkpoin
   positions.
 
     python experiments/scone_diagnose.py BASELINE_RUN SCONE_RUN [SCONE_RUN ...] --out FILE.json
-"""
+"""  # noqa: E501 (the --help text, printed as is: RawDescriptionHelpFormatter)
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ installed numpy and matplotlib, text nobody on the project wrote). The last thre
 from ../shared/data or the environment and are skipped with a note when absent.
 Each corpus is tokenized once (vocab 2048, 5% of documents held out); every run of a corpus
 shares that dataset and split, and seeds change the initialization and the data order.
-"""
+"""  # noqa: E501 (the --help text, printed as is: RawDescriptionHelpFormatter)
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ COMMON = [
     "checkpoint.every=100000",
 ]
 
-# variant -> (preset, overrides); "<family>" variants are defined for gpt2 (tiny*) and llama (tiny_llama*)
+# variant -> (preset, overrides); "<family>" variants are defined for gpt2 (tiny*) and llama
+# (tiny_llama*)
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     "tiny": ("tiny", []),
     "tiny_x2": ("tiny", ["model.n_layers=4"]),
@@ -238,8 +239,8 @@ def report(args) -> None:
     for r in rows:
         groups.setdefault((r["corpus"], r["steps"], r["variant"]), []).append(r)
     lines = [
-        "| corpus | steps | variant | seeds | held-out perplexity (mean ± sd) | vs baseline (mean, min..max over seeds) "
-        "| training FLOPs vs baseline | match rate |",
+        "| corpus | steps | variant | seeds | held-out perplexity (mean ± sd) | vs baseline (mean, "
+        "min..max over seeds) | training FLOPs vs baseline | match rate |",
         "|---|---|---|---|---|---|---|---|",
     ]
     summary = []
@@ -261,8 +262,9 @@ def report(args) -> None:
             else ""
         )
         lines.append(
-            f"| {corpus} | {steps} | {variant} | {len(runs)} | {ppl.mean():.2f} ± {ppl.std(ddof=1) if len(ppl) > 1 else 0:.2f} "
-            f"| {gain} | {flops:.2f}x | {np.mean([r['match_rate'] for r in runs]):.2f} |"
+            f"| {corpus} | {steps} | {variant} | {len(runs)} | {ppl.mean():.2f} ± "
+            f"{ppl.std(ddof=1) if len(ppl) > 1 else 0:.2f} | {gain} | {flops:.2f}x | "
+            f"{np.mean([r['match_rate'] for r in runs]):.2f} |"
         )
         summary.append(
             {

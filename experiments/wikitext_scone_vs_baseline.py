@@ -107,7 +107,8 @@ def main() -> None:
         "up to 20K f-grams (min count 3) counted on the training split. Inference FLOPs of every "
         "SCONE variant equal the baseline's (the f-gram model is replaced by a table).",
         "",
-        "| variant | held-out perplexity | bits/byte | accelerator non-embedding params | f-gram model params (training only) |",
+        "| variant | held-out perplexity | bits/byte | accelerator non-embedding params | f-gram "
+        "model params (training only) |",
         "|---|---|---|---|---|",
     ]
     for r in rows:

@@ -26,7 +26,8 @@ REPLICATED_JOB = "workers"
 
 
 def coordinator(name: str, port: int) -> str:
-    """Pod 0 of the JobSet: <jobset>-<replicated job>-<job index>-<pod index>.<subdomain = jobset name>."""
+    """Pod 0 of the JobSet: <jobset>-<replicated job>-<job index>-<pod index>.<subdomain = jobset
+    name>."""
     return f"{name}-{REPLICATED_JOB}-0-0.{name}:{port}"
 
 
@@ -154,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("nothing to run: give scone-jax arguments (e.g. train CONFIG)")
     if not re.fullmatch(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?", args.name):
         parser.error(
-            f"--name {args.name!r}: expected lowercase letters, digits and '-', starting with a letter"
+            f"--name {args.name!r}: expected lowercase letters, digits and '-', starting with a "
+            "letter"
         )
     if args.hosts < 1:
         parser.error("--hosts must be >= 1")

@@ -86,7 +86,8 @@ def verify_manifest(directory: str | os.PathLike, required: Iterable[str] = ()) 
         if path.stat().st_size != size:
             raise ChecksumError(
                 path,
-                f"has {path.stat().st_size} bytes (expected {size}); the file is truncated or corrupt",
+                f"has {path.stat().st_size} bytes (expected {size}); the file is truncated or "
+                "corrupt",
             )
         actual = file_crc32(path)
         if actual != crc:

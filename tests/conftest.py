@@ -12,7 +12,8 @@ import pytest  # noqa: E402
 
 
 def _shared_data() -> Path:
-    """../shared/data beside the checkout; SCONE_SHARED_DATA or /work/shared/data for clones elsewhere."""
+    """../shared/data beside the checkout; SCONE_SHARED_DATA or /work/shared/data for clones
+    elsewhere."""
     candidates = [
         os.environ.get("SCONE_SHARED_DATA", ""),
         Path(__file__).resolve().parents[2] / "shared" / "data",

@@ -70,6 +70,7 @@ def load_backbone(directory: str | Path) -> tuple[dict, dict, dict]:
         ) from None
     if meta.get("format_version") != FORMAT_VERSION:
         raise UserError(
-            f"{directory}/meta.json: format_version={meta.get('format_version')!r} (expected {FORMAT_VERSION})"
+            f"{directory}/meta.json: format_version={meta.get('format_version')!r} (expected "
+            f"{FORMAT_VERSION})"
         )
     return unflatten(flat), model, meta

@@ -159,8 +159,8 @@ class Checkpointer:
                 target = Path(tempfile.mkdtemp(prefix=f"{step}.", dir=aside))
                 os.replace(self.step_dir(step), target)
                 print(
-                    f"warning: checkpoint {step} is damaged ({error}); moved it to {target} and resuming "
-                    "from the newest intact checkpoint",
+                    f"warning: checkpoint {step} is damaged ({error}); moved it to {target} and "
+                    "resuming from the newest intact checkpoint",
                     file=sys.stderr,
                     flush=True,
                 )

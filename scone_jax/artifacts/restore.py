@@ -1,4 +1,5 @@
-"""Restore a run's parameters (no data pipeline, no optimizer) for export, serving and evaluation."""
+"""Restore a run's parameters (no data pipeline, no optimizer) for export, serving and
+evaluation."""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def load_run_params(
             raise UserError(f"run {run_dir} has no checkpoint")
         if step not in ckpt.manager.all_steps():
             raise UserError(
-                f"run {run_dir} has no checkpoint at step {step} (has {sorted(ckpt.manager.all_steps())})"
+                f"run {run_dir} has no checkpoint at step {step} (has "
+                f"{sorted(ckpt.manager.all_steps())})"
             )
         # optimizer moments shaped like the params are sharded like them
         params = ckpt.restore_params(
@@ -87,7 +89,8 @@ def load_run_params(
 
 
 def host_params(run: RunParams) -> Any:
-    """The params as numpy arrays on every process (in a multi-process job, gathered from all of them)."""
+    """The params as numpy arrays on every process (in a multi-process job, gathered from all of
+    them)."""
     return multihost_utils.process_allgather(run.params, tiled=True)
 
 

@@ -88,7 +88,8 @@ def checkpoints_dir(run_dir: str | Path) -> Path:
 
 
 def require_checkpoint(run_dir: str | Path, step: int | None = None) -> int:
-    """The checkpoint step of a run to read (the latest when `step` is None), checked before any setup.
+    """The checkpoint step of a run to read (the latest when `step` is None), checked before any
+    setup.
 
     Reads the step directories' names rather than opening orbax, which would create
     RUN_DIR/checkpoints in a run that has none.
@@ -103,7 +104,8 @@ def require_checkpoint(run_dir: str | Path, step: int | None = None) -> int:
     )
     if not steps:
         raise UserError(
-            f"run {run_dir} has no checkpoint (expected {directory}/<step> written by `scone-jax train`)"
+            f"run {run_dir} has no checkpoint (expected {directory}/<step> written by `scone-jax "
+            "train`)"
         )
     if step is not None and step not in steps:
         raise UserError(f"run {run_dir} has no checkpoint at step {step} (expected one of {steps})")

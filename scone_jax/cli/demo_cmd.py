@@ -9,11 +9,12 @@ def register(sub) -> None:
     p = sub.add_parser(
         "demo",
         help="run the main job end to end on the embedded default corpus",
-        description="Build the default corpus from the installed Python standard library's docstrings, "
-        "train a sentencepiece tokenizer, tokenize, count f-grams on the training split, train the tiny "
-        "SCONE preset (experiments/demo.yaml) on a device mesh with checkpoints, export the f-gram table "
-        "and the backbone, evaluate held-out perplexity with the live f-gram model and with the table in "
-        "host RAM, generate a sample, and print where everything went. Rerunning resumes or reuses.",
+        description="Build the default corpus from the installed Python standard library's "
+        "docstrings, train a sentencepiece tokenizer, tokenize, count f-grams on the training "
+        "split, train the tiny SCONE preset (experiments/demo.yaml) on a device mesh with "
+        "checkpoints, export the f-gram table and the backbone, evaluate held-out perplexity with "
+        "the live f-gram model and with the table in host RAM, generate a sample, and print where "
+        "everything went. Rerunning resumes or reuses.",
     )
     p.add_argument("--out", default="demo_out", help="output directory")
     p.add_argument(
@@ -75,6 +76,7 @@ def run(args) -> int:
         f"exported table {served['perplexity']:.2f} (bits/byte {served['bits_per_byte']:.3f})"
     )
     print(
-        f"  sample: {prompt!r} -> {tokenizer.decode([t for t in sample if t != tokenizer.eos_id])!r}"
+        f"  sample: {prompt!r} -> "
+        f"{tokenizer.decode([t for t in sample if t != tokenizer.eos_id])!r}"
     )
     return 0

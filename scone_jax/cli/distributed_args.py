@@ -1,4 +1,5 @@
-"""The multi-process flags of `train`, `export` and `eval`; absent flags fall back to the environment."""
+"""The multi-process flags of `train`, `export` and `eval`; absent flags fall back to the
+environment."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from scone_jax.runtime.distributed import Topology, initialize
 
 
 def add_cli_arguments(parser) -> None:
-    """--coordinator/--num-processes/--process-id/--peer-timeout; absent flags fall back to the environment."""
+    """--coordinator/--num-processes/--process-id/--peer-timeout; absent flags fall back to the
+    environment."""
     g = parser.add_argument_group(
         "multi-process jobs (docs/launch.md); default: from the environment"
     )
@@ -43,8 +45,8 @@ def add_cli_arguments(parser) -> None:
         type=float,
         default=SUPPRESS,
         metavar="S",
-        help=f"stop when a peer is silent this long; 0 = no watchdog (env {ENV_TIMEOUTS['peer_s']}, "
-        "default 60)",
+        help="stop when a peer is silent this long; 0 = no watchdog (env "
+        f"{ENV_TIMEOUTS['peer_s']}, default 60)",
     )
 
 

@@ -12,10 +12,11 @@ def register(sub) -> None:
     p = sub.add_parser(
         "eval",
         help="held-out perplexity and bits per byte of a run's checkpoint",
-        description="Evaluate the latest (or --step) checkpoint of RUN_DIR on the run's held-out split "
-        "and on any extra tokenized datasets (made with `scone-jax tokenize` and the run's tokenizer). "
-        "With --table, the f-gram embeddings come from an exported table (in the --tier given) instead of "
-        "the live f-gram model. Prints one line per eval set, and JSON with --json.",
+        description="Evaluate the latest (or --step) checkpoint of RUN_DIR on the run's held-out "
+        "split and on any extra tokenized datasets (made with `scone-jax tokenize` and the run's "
+        "tokenizer). With --table, the f-gram embeddings come from an exported table (in the "
+        "--tier given) instead of the live f-gram model. Prints one line per eval set, and JSON "
+        "with --json.",
     )
     p.add_argument("run_dir", help="a run directory made by `scone-jax train`")
     p.add_argument(

@@ -10,12 +10,13 @@ def register(sub) -> None:
     p = sub.add_parser(
         "export",
         help="write the f-gram table (and the backbone) of a trained SCONE run for serving",
-        description="Run the f-gram model of RUN_DIR's checkpoint over every f-gram and write the [S, d] "
-        "table with tensorstore (zarr3) to --out: a local path or a kvstore URL (file://, memory://, "
-        "gs://BUCKET/PATH, s3://BUCKET/PATH). The table becomes visible only when complete; rerunning an "
-        "interrupted export resumes it. --backbone-out also writes the backbone's parameters as params.npz "
-        "+ config.yaml + meta.json (readable without orbax). In a multi-process job (docs/launch.md) each "
-        "process computes and writes its own shards of the table, and process 0 commits it.",
+        description="Run the f-gram model of RUN_DIR's checkpoint over every f-gram and write the "
+        "[S, d] table with tensorstore (zarr3) to --out: a local path or a kvstore URL (file://, "
+        "memory://, gs://BUCKET/PATH, s3://BUCKET/PATH). The table becomes visible only when "
+        "complete; rerunning an interrupted export resumes it. --backbone-out also writes the "
+        "backbone's parameters as params.npz + config.yaml + meta.json (readable without orbax). "
+        "In a multi-process job (docs/launch.md) each process computes and writes its own shards "
+        "of the table, and process 0 commits it.",
     )
     p.add_argument("run_dir", help="a SCONE run directory made by `scone-jax train`")
     p.add_argument("--out", required=True, help="table location (path or kvstore URL)")

@@ -25,16 +25,17 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "fgrams",
         help="count, inspect and apply the f-gram vocabulary (SCONE n-grams)",
-        description="Build the f-gram set (the S most frequent token n-grams of length 2..K), print it, "
-        "tag token streams with their longest f-gram match, and report coverage statistics.",
+        description="Build the f-gram set (the S most frequent token n-grams of length 2..K), "
+        "print it, tag token streams with their longest f-gram match, and report coverage "
+        "statistics.",
     )
     sub = p.add_subparsers(dest="fgrams_command", metavar="SUBCOMMAND", required=True)
 
     b = sub.add_parser(
         "build",
         help="count n-grams in a tokenized corpus and write an f-gram set directory",
-        description="Count every token n-gram of length 2..K (never across documents) exactly, keep "
-        "those occurring at least --min-count times (Apriori-pruned on prefix and suffix), "
+        description="Count every token n-gram of length 2..K (never across documents) exactly, "
+        "keep those occurring at least --min-count times (Apriori-pruned on prefix and suffix), "
         "and write the --num-fgrams most frequent (ties: shorter first, then token ids) to --out, "
         "with stats.json and stats.png.",
     )
@@ -131,8 +132,8 @@ def register(subparsers) -> None:
     d = sub.add_parser(
         "dump",
         help="print an f-gram set as TSV: id, count, token ids",
-        description="Print one f-gram per line in id order: id<TAB>count<TAB>space-separated token ids "
-        "(and with --text, <TAB>the decoded text, with \\t, \\n and \\\\ escaped).",
+        description="Print one f-gram per line in id order: id<TAB>count<TAB>space-separated token "
+        "ids (and with --text, <TAB>the decoded text, with \\t, \\n and \\\\ escaped).",
     )
     d.add_argument("fgram_set", metavar="DIR", help="f-gram set directory")
     d.add_argument(
@@ -152,9 +153,9 @@ def register(subparsers) -> None:
     t = sub.add_parser(
         "tag",
         help="tag every token with its longest matching f-gram",
-        description="For every token, the id of the longest f-gram ending at it (-1 if none) and its length "
-        "(0 if none), never across documents. For a DATASET without --out-ids, the tags are "
-        "stored beside it (DATASET/tags/<set fingerprint>/), where training reads them.",
+        description="For every token, the id of the longest f-gram ending at it (-1 if none) and "
+        "its length (0 if none), never across documents. For a DATASET without --out-ids, the tags "
+        "are stored beside it (DATASET/tags/<set fingerprint>/), where training reads them.",
     )
     t.add_argument("fgram_set", metavar="DIR", help="f-gram set directory")
     _add_input(t, vocab=False)
@@ -171,9 +172,9 @@ def register(subparsers) -> None:
     s = sub.add_parser(
         "stats",
         help="print an f-gram set's statistics (and coverage of a corpus)",
-        description="Print the set's size, cutoff count and f-grams per length, plus coverage (fraction of "
-        "tokens matched, mean match length, tokens matched per length) of the corpus it was built "
-        "from, or of DATASET / --token-ids when given.",
+        description="Print the set's size, cutoff count and f-grams per length, plus coverage "
+        "(fraction of tokens matched, mean match length, tokens matched per length) of the corpus "
+        "it was built from, or of DATASET / --token-ids when given.",
     )
     s.add_argument("fgram_set", metavar="DIR", help="f-gram set directory")
     _add_input(s, vocab=False)
@@ -256,7 +257,8 @@ def cmd_build(args) -> int:
         kwargs["beam_prune"] = not args.beam_no_prune
     elif args.beam_options or args.beam_dataset or args.beam_work_dir or args.beam_no_prune:
         raise UserError(
-            "--beam-options, --beam-dataset, --beam-work-dir and --beam-no-prune need --backend beam"
+            "--beam-options, --beam-dataset, --beam-work-dir and --beam-no-prune need --backend "
+            "beam"
         )
     fs = build_fgram_set(
         corpus,
@@ -337,7 +339,8 @@ def _decoder(fs, tokenizer_path: str | None):
     path = tokenizer_path or fs.meta.get("tokenizer_path")
     if not path:
         raise UserError(
-            "--text needs a tokenizer: give --tokenizer MODEL (none was recorded when the set was built)"
+            "--text needs a tokenizer: give --tokenizer MODEL (none was recorded when the set was "
+            "built)"
         )
     try:
         from scone_jax.data.tokenizer import Tokenizer

@@ -7,10 +7,10 @@ def register(sub) -> None:
     p = sub.add_parser(
         "generate",
         help="generate text with the KV cache (SCONE: f-gram rows from an exported table)",
-        description="Batched prefill over the prompts (with a batched f-gram lookup), then one token per "
-        "step with the longest f-gram match over the last K-1 tokens. The model is RUN_DIR's latest "
-        "checkpoint, or an exported backbone (--backbone). Greedy by default; --temperature with "
-        "--top-k/--top-p samples, and --seed fixes the output.",
+        description="Batched prefill over the prompts (with a batched f-gram lookup), then one "
+        "token per step with the longest f-gram match over the last K-1 tokens. The model is "
+        "RUN_DIR's latest checkpoint, or an exported backbone (--backbone). Greedy by default; "
+        "--temperature with --top-k/--top-p samples, and --seed fixes the output.",
     )
     p.add_argument("run_dir", nargs="?", help="a run directory made by `scone-jax train`")
     p.add_argument(

@@ -10,11 +10,12 @@ def register(sub) -> None:
     p = sub.add_parser(
         "sweep",
         help="run a grid or list of training runs from a sweep file",
-        description="Expand SWEEP (a sweep YAML file, or a name in experiments/sweeps/) into one run "
-        "directory per point under --out, prepare the shared data once (tokenize, count each f-gram set "
-        "on the training split), then train every point. Finished points are skipped and a killed point "
-        "resumes from its last checkpoint when the same command is rerun. --dry-run prints every command. "
-        "Then `scone-jax report OUT` gathers the results. See docs/sweeps.md.",
+        description="Expand SWEEP (a sweep YAML file, or a name in experiments/sweeps/) into one "
+        "run directory per point under --out, prepare the shared data once (tokenize, count each "
+        "f-gram set on the training split), then train every point. Finished points are skipped "
+        "and a killed point resumes from its last checkpoint when the same command is rerun. "
+        "--dry-run prints every command. Then `scone-jax report OUT` gathers the results. See "
+        "docs/sweeps.md.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("sweep", help="sweep YAML file or a name in experiments/sweeps/")

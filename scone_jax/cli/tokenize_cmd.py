@@ -27,7 +27,7 @@ examples:
   scone-jax tokenize --out runs/stdlib-data
   scone-jax tokenize --corpus 'books/*.txt' --doc-split blank_line --vocab-size 4096 --out data/books
   scone-jax tokenize --corpus web.jsonl --jsonl-field content --tokenizer spm.model --out data/web
-"""
+"""  # noqa: E501 (the --help epilog, printed as is: RawDescriptionHelpFormatter)
 
 
 def register(subparsers) -> None:
@@ -68,12 +68,14 @@ def register(subparsers) -> None:
         "--vocab-size",
         metavar="N",
         type=int,
-        help=f"vocabulary size of the trained tokenizer (default: {_DEFAULTS.tokenizer_vocab_size})",
+        help="vocabulary size of the trained tokenizer (default: "
+        f"{_DEFAULTS.tokenizer_vocab_size})",
     )
     p.add_argument(
         "--model-type",
         choices=("bpe", "unigram"),
-        help=f"sentencepiece model type of the trained tokenizer (default: {_DEFAULTS.tokenizer_type})",
+        help="sentencepiece model type of the trained tokenizer (default: "
+        f"{_DEFAULTS.tokenizer_type})",
     )
     p.add_argument(
         "--max-default-corpus-mb",
@@ -100,7 +102,8 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.tokenizer and (args.vocab_size is not None or args.model_type is not None):
         raise UserError(
-            "--tokenizer loads a model; --vocab-size/--model-type train one (expected one or the other)"
+            "--tokenizer loads a model; --vocab-size/--model-type train one (expected one or the "
+            "other)"
         )
     cfg = DataConfig(
         corpus=list(args.corpus),
@@ -116,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     cfg.validate()
     ds = build_dataset(cfg, args.out, append_eos=not args.no_eos, progress=not args.no_progress)
     print(
-        f"tokenized {ds.num_docs} docs, {ds.num_tokens} tokens ({ds.meta['num_bytes']} bytes of text), "
-        f"tokenizer vocab {ds.vocab_size} sha256 {ds.tokenizer_sha256[:12]} -> {ds.path}"
+        f"tokenized {ds.num_docs} docs, {ds.num_tokens} tokens ({ds.meta['num_bytes']} bytes of "
+        f"text), tokenizer vocab {ds.vocab_size} sha256 {ds.tokenizer_sha256[:12]} -> {ds.path}"
     )
     return 0

@@ -13,11 +13,11 @@ def register(sub) -> None:
     p = sub.add_parser(
         "train",
         help="train (or resume) a model from a YAML config",
-        description="Train a model described by CONFIG (a YAML file or a preset name from experiments/, "
-        "e.g. 'tiny'), with key=value overrides such as train.steps=100 model.family=llama "
-        "'data.corpus=[a.txt, b/*.txt]'. The resolved config is saved as RUN_DIR/config.yaml; "
-        "rerunning the same command resumes from the latest checkpoint (the data order too). "
-        "SIGTERM/SIGINT save a checkpoint before exiting.",
+        description="Train a model described by CONFIG (a YAML file or a preset name from "
+        "experiments/, e.g. 'tiny'), with key=value overrides such as train.steps=100 "
+        "model.family=llama 'data.corpus=[a.txt, b/*.txt]'. The resolved config is saved as "
+        "RUN_DIR/config.yaml; rerunning the same command resumes from the latest checkpoint (the "
+        "data order too). SIGTERM/SIGINT save a checkpoint before exiting.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("config", help="YAML config path or preset name (experiments/<name>.yaml)")
@@ -57,7 +57,8 @@ def run(args) -> int:
 
 
 def describe_params(cfg) -> str:
-    """Parameter counts from the architecture alone (no tokenizer needed when model.vocab_size is set)."""
+    """Parameter counts from the architecture alone (no tokenizer needed when model.vocab_size is
+    set)."""
     from scone_jax.errors import UserError
     from scone_jax.metrics.flops import count_fgram_params, count_params
 
@@ -65,8 +66,8 @@ def describe_params(cfg) -> str:
         raise UserError("--count-params needs model.vocab_size (0 means 'from the tokenizer')")
     total, embedding = count_params(cfg.model, cfg.model.vocab_size)
     line = (
-        f"backbone {total / 1e6:,.1f}M parameters ({(total - embedding) / 1e6:,.1f}M non-embedding, "
-        f"{embedding / 1e6:,.1f}M embedding)"
+        f"backbone {total / 1e6:,.1f}M parameters ({(total - embedding) / 1e6:,.1f}M "
+        f"non-embedding, {embedding / 1e6:,.1f}M embedding)"
     )
     if cfg.fgrams.enabled:
         fgram = count_fgram_params(cfg.fgrams, cfg.model)

@@ -50,7 +50,8 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise UserError(
-            f"config {path} is not valid UTF-8 at byte offset {e.start} (expected a UTF-8 YAML file)"
+            f"config {path} is not valid UTF-8 at byte offset {e.start} (expected a UTF-8 YAML "
+            "file)"
         ) from None
     except OSError as e:
         raise UserError(f"cannot read config {path}: {e.strerror or e}") from None
@@ -83,7 +84,8 @@ def _type_name(tp) -> str:
 
 
 def _coerce(value: Any, tp, key: str) -> Any:
-    """Check `value` against the annotation `tp`; ints are accepted for floats, nothing else is converted."""
+    """Check `value` against the annotation `tp`; ints are accepted for floats, nothing else is
+    converted."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         for arm in typing.get_args(tp):
@@ -153,7 +155,8 @@ def _build(cls, data: dict[str, Any], prefix: str):
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
-    """`["train.steps=10", "data.corpus=[a.txt, b.txt]"]` -> a nested dict; values parsed as YAML."""
+    """`["train.steps=10", "data.corpus=[a.txt, b.txt]"]` -> a nested dict; values parsed as
+    YAML."""
     nested: dict[str, Any] = {}
     for item in overrides:
         key, sep, raw = item.partition("=")

@@ -18,7 +18,8 @@ def _check(cond: bool, message: str) -> None:
 
 @dataclass
 class ModelConfig:
-    """Decoder-only backbone. `gpt2`: learned positions, GeLU, LayerNorm. `llama`: RoPE, SwiGLU, RMSNorm."""
+    """Decoder-only backbone. `gpt2`: learned positions, GeLU, LayerNorm. `llama`: RoPE, SwiGLU,
+    RMSNorm."""
 
     family: str = "gpt2"
     vocab_size: int = 0  # 0 = take it from the tokenizer
@@ -225,11 +226,13 @@ class MeshConfig:
         sizes = (self.data, self.fsdp, self.tensor)
         _check(
             all(s == -1 or s >= 1 for s in sizes),
-            f"mesh sizes data={self.data} fsdp={self.fsdp} tensor={self.tensor} (expected >= 1 or -1)",
+            f"mesh sizes data={self.data} fsdp={self.fsdp} tensor={self.tensor} (expected >= 1 or "
+            "-1)",
         )
         _check(
             sizes.count(-1) <= 1,
-            f"mesh: at most one axis may be -1, got data={self.data} fsdp={self.fsdp} tensor={self.tensor}",
+            f"mesh: at most one axis may be -1, got data={self.data} fsdp={self.fsdp} "
+            f"tensor={self.tensor}",
         )
 
 

@@ -49,12 +49,14 @@ class TokenizedDataset:
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> TokenizedDataset:
-        """Open a dataset directory, checking its files against checksums.json (one read of each)."""
+        """Open a dataset directory, checking its files against checksums.json (one read of
+        each)."""
         path = Path(path)
         meta_path = path / META_FILE
         if not meta_path.is_file():
             raise UserError(
-                f"{path} is not a tokenized dataset (no {META_FILE}; expected the output of `scone-jax tokenize`)"
+                f"{path} is not a tokenized dataset (no {META_FILE}; expected the output of "
+                "`scone-jax tokenize`)"
             )
         verify_manifest(path, required=(META_FILE, TOKENS_FILE, OFFSETS_FILE, TOKEN_BYTES_FILE))
         try:
@@ -63,7 +65,8 @@ class TokenizedDataset:
             raise UserError(f"{meta_path} is unreadable or corrupt: {e}") from None
         if meta.get("format_version") != FORMAT_VERSION:
             raise UserError(
-                f"{meta_path}: format_version={meta.get('format_version')!r} (expected {FORMAT_VERSION})"
+                f"{meta_path}: format_version={meta.get('format_version')!r} (expected "
+                f"{FORMAT_VERSION})"
             )
         dtype = np.dtype(meta["dtype"])
         tokens_path = path / TOKENS_FILE
@@ -71,7 +74,8 @@ class TokenizedDataset:
         size = tokens_path.stat().st_size if tokens_path.is_file() else -1
         if size != expected:
             raise UserError(
-                f"{tokens_path} has {size} bytes (expected {expected}); the dataset is truncated or corrupt"
+                f"{tokens_path} has {size} bytes (expected {expected}); the dataset is truncated "
+                "or corrupt"
             )
         tokens = (
             np.memmap(tokens_path, dtype=dtype, mode="r", shape=(meta["num_tokens"],))

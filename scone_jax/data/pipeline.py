@@ -74,7 +74,8 @@ def to_example(window: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 @dataclass
 class BatchStream:
-    """Per-host batches of one split: `batch(step)` is this process's rows of global batch `step`."""
+    """Per-host batches of one split: `batch(step)` is this process's rows of global batch
+    `step`."""
 
     source: WindowSource
     global_batch: int
@@ -132,8 +133,8 @@ def eval_batch_count(
     n = min(max_batches, len(source) // batch_size)
     if n == 0:
         raise UserError(
-            f"{name} has {source.num_tokens} tokens in {len(source)} windows of {source.seq_len + 1}, "
-            f"fewer than one eval batch of {batch_size} windows"
+            f"{name} has {source.num_tokens} tokens in {len(source)} windows of "
+            f"{source.seq_len + 1}, fewer than one eval batch of {batch_size} windows"
         )
     return n
 

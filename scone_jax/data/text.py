@@ -106,7 +106,8 @@ def iter_documents(
     if count == 0:
         shown = ", ".join(str(f) for f in files[:3]) + (", ..." if len(files) > 3 else "")
         raise UserError(
-            f"empty corpus: {len(files)} file(s) ({shown}) yield no non-empty document (expected some text)"
+            f"empty corpus: {len(files)} file(s) ({shown}) yield no non-empty document (expected "
+            "some text)"
         )
 
 

@@ -113,7 +113,8 @@ def documents_factory(cfg: DataConfig) -> Callable[[], Iterator[str]]:
 def prepare_tokenizer(
     cfg: DataConfig, docs_factory: Callable[[], Iterable[str]], out_path: str | os.PathLike
 ) -> Tokenizer:
-    """Load `cfg.tokenizer` if set; else train one on `docs_factory()` and write it to `out_path`."""
+    """Load `cfg.tokenizer` if set; else train one on `docs_factory()` and write it to
+    `out_path`."""
     if cfg.tokenizer:
         return Tokenizer.load(cfg.tokenizer)
     return Tokenizer.train(docs_factory(), cfg.tokenizer_vocab_size, cfg.tokenizer_type, out_path)

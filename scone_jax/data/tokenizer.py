@@ -171,7 +171,10 @@ class Tokenizer:
         return self._token_bytes
 
     def __repr__(self) -> str:
-        return f"Tokenizer({str(self._path)!r}, vocab_size={self.vocab_size}, sha256={self._sha256[:12]})"
+        return (
+            f"Tokenizer({str(self._path)!r}, vocab_size={self.vocab_size}, "
+            f"sha256={self._sha256[:12]})"
+        )
 
 
 def _training_sentences(docs: Iterable[str], limit: int) -> list[str]:
@@ -189,12 +192,15 @@ def _training_sentences(docs: Iterable[str], limit: int) -> list[str]:
 def _explain_training_error(message: str, vocab_size: int, model_type: str) -> str:
     if m := re.search(r"required_chars\. \d+ vs (\d+)", message):
         return (
-            f"tokenizer vocab_size={vocab_size} is too small for this corpus (expected >= {m.group(1)}: "
-            f"256 byte pieces, 3 special pieces and the corpus's characters)"
+            f"tokenizer vocab_size={vocab_size} is too small for this corpus (expected >= "
+            f"{m.group(1)}: 256 byte pieces, 3 special pieces and the corpus's characters)"
         )
     if m := re.search(r"value <= (\d+)", message):
         return (
-            f"tokenizer vocab_size={vocab_size} is too large for this corpus (expected <= {m.group(1)} "
-            f"for a {model_type} model; use a larger corpus or a smaller vocab size)"
+            f"tokenizer vocab_size={vocab_size} is too large for this corpus (expected <= "
+            f"{m.group(1)} for a {model_type} model; use a larger corpus or a smaller vocab size)"
         )
-    return f"sentencepiece training failed with vocab_size={vocab_size}, model_type={model_type!r}: {message.strip()}"
+    return (
+        f"sentencepiece training failed with vocab_size={vocab_size}, "
+        f"model_type={model_type!r}: {message.strip()}"
+    )

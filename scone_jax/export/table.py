@@ -1,9 +1,9 @@
 """`scone-jax export`: run the f-gram model over every f-gram and write the [S, d] table.
 
 F-grams are processed in row ranges (the unit of resumption); inside a range they are taken in
-lexicographic order, `batch_rows` at a time, as prefix forests (scone_jax/forest/), so a
-prefix shared by many f-grams is computed once, as in training: one forest per data shard of
-the mesh, of its consecutive rows. In replace mode the stored row is F(w) - T(last token of w), so the input
+lexicographic order, `batch_rows` at a time, as prefix forests (scone_jax/forest/), so a prefix
+shared by many f-grams is computed once, as in training: one forest per data shard of the mesh, of
+its consecutive rows. In replace mode the stored row is F(w) - T(last token of w), so the input
 layer at inference is the same lookup-and-add in both modes (SCONE.md section 3).
 
 In a multi-process job each process restores the checkpoint onto its own devices, computes and
@@ -194,7 +194,8 @@ def clear_leftover(work: Location) -> None:
 def create_arrays(
     work: Location, num_rows: int, width: int, dtype: str, chunk_rows: int, shard_rows: int
 ):
-    """The rows array and, for int8, the scales array (both cut into shards of `shard_rows` rows)."""
+    """The rows array and, for int8, the scales array (both cut into shards of `shard_rows`
+    rows)."""
     rows = create_array(work, "rows", (num_rows, width), dtype, chunk_rows, shard_rows)
     scales = (
         create_array(
@@ -287,7 +288,8 @@ def export_table(
     progress: bool = True,
     overwrite: bool = False,
 ) -> dict:
-    """Export the table of run `run_dir` to `url`; resumes an unfinished export of the same checkpoint.
+    """Export the table of run `run_dir` to `url`; resumes an unfinished export of the same
+    checkpoint.
 
     A local table is written into `url.partial` and renamed into place when complete; an existing
     table replaced with `overwrite` stays intact until then. A write the storage refuses is a
@@ -324,8 +326,8 @@ def export_table(
     fgram_set = FgramSet.load(run.info["fgram_set"])
     if fgram_set.fingerprint != run.info["fgram_set_fingerprint"]:
         raise UserError(
-            f"f-gram set {fgram_set.path} changed since run {run_dir} was trained "
-            f"(fingerprint {fgram_set.fingerprint[:12]}, expected {run.info['fgram_set_fingerprint'][:12]})"
+            f"f-gram set {fgram_set.path} changed since run {run_dir} was trained (fingerprint "
+            f"{fgram_set.fingerprint[:12]}, expected {run.info['fgram_set_fingerprint'][:12]})"
         )
     num_rows, width = len(fgram_set.lengths), run.cfg.model.d_model
     chunk_rows = chunk_rows or default_chunk_rows(width, dtype, shard_rows)

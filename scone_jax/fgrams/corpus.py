@@ -72,7 +72,8 @@ class Corpus:
         tokens = np.asarray(token_ids)
         if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
             raise UserError(
-                f"{source}: token ids must be a 1-D integer array (got shape {tokens.shape}, dtype {tokens.dtype})"
+                f"{source}: token ids must be a 1-D integer array (got shape {tokens.shape}, dtype "
+                f"{tokens.dtype})"
             )
         if vocab_size is not None and vocab_size < 1:
             raise UserError(f"vocab size {vocab_size} must be >= 1")
@@ -81,12 +82,14 @@ class Corpus:
             if lo < 0:
                 pos = int(np.argmax(tokens < 0))
                 raise UserError(
-                    f"{source}: negative token id {int(tokens[pos])} at position {pos} (expected ids >= 0)"
+                    f"{source}: negative token id {int(tokens[pos])} at position {pos} (expected "
+                    "ids >= 0)"
                 )
             if vocab_size is not None and hi >= vocab_size:
                 pos = int(np.argmax(tokens >= vocab_size))
                 raise UserError(
-                    f"{source}: token id {int(tokens[pos])} at position {pos} is out of vocabulary (expected < vocab size {vocab_size})"
+                    f"{source}: token id {int(tokens[pos])} at position {pos} is out of vocabulary "
+                    f"(expected < vocab size {vocab_size})"
                 )
             if hi >= 2**32 - 1:
                 raise UserError(f"{source}: token id {hi} does not fit in 32 bits")
@@ -98,7 +101,8 @@ class Corpus:
             lengths = np.asarray(doc_lengths)
             if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
                 raise UserError(
-                    f"document lengths must be a 1-D integer array (got shape {lengths.shape}, dtype {lengths.dtype})"
+                    f"document lengths must be a 1-D integer array (got shape {lengths.shape}, "
+                    f"dtype {lengths.dtype})"
                 )
             if lengths.size and lengths.min() < 0:
                 raise UserError(f"document lengths must be >= 0 (found {int(lengths.min())})")
@@ -139,7 +143,8 @@ class Corpus:
     def check_nonempty(self) -> None:
         if self.num_tokens == 0:
             raise UserError(
-                f"{self.source}: the corpus is empty (0 tokens); expected at least one document with tokens"
+                f"{self.source}: the corpus is empty (0 tokens); expected at least one document "
+                "with tokens"
             )
 
     def key_vocab(self) -> int:

@@ -1,4 +1,5 @@
-"""Exact n-gram counts for n = 2..K with Apriori pruning, vectorised, on all cores, in bounded memory.
+"""Exact n-gram counts for n = 2..K with Apriori pruning, vectorised, on all cores, in bounded
+memory.
 
 Codes, not hashes: counting is exact. A bigram is coded `t0 * V + t1` (V = the vocabulary
 radix). After pass n-1, the n-grams that reached the minimum count go into an

@@ -73,7 +73,8 @@ class Plan:
 
     @property
     def partition_limit(self) -> int:
-        """Keys one worker may hold while counting a partition (a quarter of its share of the budget)."""
+        """Keys one worker may hold while counting a partition (a quarter of its share of the
+        budget)."""
         return max(1 << 12, self.budget // (4 * self.workers * SORT_BYTES_PER_KEY))
 
 

@@ -76,8 +76,8 @@ def format_stats(stats: dict) -> str:
     if "coverage" in stats:
         c = stats["coverage"]
         lines.append(
-            f"coverage of {c.get('corpus') or 'the corpus'}: {c['coverage']:.2%} of {c['num_tokens']:,} tokens "
-            f"matched, mean match length {c['mean_match_length']:.2f} "
+            f"coverage of {c.get('corpus') or 'the corpus'}: {c['coverage']:.2%} of "
+            f"{c['num_tokens']:,} tokens matched, mean match length {c['mean_match_length']:.2f} "
             f"({c['mean_match_length_all_tokens']:.2f} over all tokens)"
         )
         lines.append(

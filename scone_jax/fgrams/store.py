@@ -153,7 +153,8 @@ class FgramSet:
         meta_path = path / "meta.json"
         if not meta_path.is_file():
             raise UserError(
-                f"{path} is not an f-gram set (no meta.json; expected the output of `scone-jax fgrams build`)"
+                f"{path} is not an f-gram set (no meta.json; expected the output of `scone-jax "
+                "fgrams build`)"
             )
         checked = verify and verify_manifest(path, required=FILES[:-1])
         try:
@@ -162,7 +163,8 @@ class FgramSet:
             raise UserError(f"{meta_path} is unreadable or corrupt: {e}") from None
         if meta.get("format_version") != FORMAT_VERSION:
             raise UserError(
-                f"{meta_path}: format_version={meta.get('format_version')!r} (expected {FORMAT_VERSION})"
+                f"{meta_path}: format_version={meta.get('format_version')!r} (expected "
+                f"{FORMAT_VERSION})"
             )
         arrays = {}
         for name in ARRAYS:
@@ -175,7 +177,8 @@ class FgramSet:
         for name, shape in want.items():
             if arrays[name].shape != shape:
                 raise UserError(
-                    f"{path / (name + '.npy')} has shape {arrays[name].shape} (expected {shape}); the set is corrupt"
+                    f"{path / (name + '.npy')} has shape {arrays[name].shape} (expected {shape}); "
+                    "the set is corrupt"
                 )
         if (
             verify and not checked
@@ -245,10 +248,12 @@ class FgramSet:
         return self._tagger
 
     def check_tokenizer(self, tokenizer_sha256: str | None, what: str) -> None:
-        """Refuse data tokenized differently from the counted corpus (unknown on either side passes)."""
+        """Refuse data tokenized differently from the counted corpus (unknown on either side
+        passes)."""
         mine = self.tokenizer_sha256
         if mine and tokenizer_sha256 and mine != tokenizer_sha256:
             raise UserError(
-                f"{what} was tokenized with tokenizer {tokenizer_sha256[:12]}... but the f-gram set "
-                f"{self.path or ''} was counted with {mine[:12]}...; rebuild the set or retokenize"
+                f"{what} was tokenized with tokenizer {tokenizer_sha256[:12]}... but the f-gram "
+                f"set {self.path or ''} was counted with {mine[:12]}...; rebuild the set or "
+                "retokenize"
             )

@@ -52,8 +52,9 @@ class Tagger:
             prefix = self._chain(toks[rows, : n - 1], n - 1) if n > 2 else toks[rows, 0]
             if np.any(prefix < 0):
                 raise UserError(
-                    f"f-gram set {fs.path or ''} is not closed under prefixes "
-                    f"(f-gram {int(rows[np.argmax(prefix < 0)])} lacks its prefix); was it built by `scone-jax fgrams build`?"
+                    f"f-gram set {fs.path or ''} is not closed under prefixes (f-gram "
+                    f"{int(rows[np.argmax(prefix < 0)])} lacks its prefix); was it built by "
+                    "`scone-jax fgrams build`?"
                 )
             self.tables[n] = HashIndex(
                 prefix.astype(np.uint64) * v + toks[rows, n - 1].astype(np.uint64), rows, load=0.5
@@ -62,7 +63,8 @@ class Tagger:
             rows = np.flatnonzero(lengths == n)
             if np.any(self._chain(toks[rows, 1:n], n - 1) < 0):
                 raise UserError(
-                    f"f-gram set {fs.path or ''} is not closed under suffixes; was it built by `scone-jax fgrams build`?"
+                    f"f-gram set {fs.path or ''} is not closed under suffixes; was it built by "
+                    "`scone-jax fgrams build`?"
                 )
 
     def _chain(self, toks: np.ndarray, n: int) -> np.ndarray:
@@ -396,10 +398,10 @@ def _load_tags(directory: Path, want: dict):
 class StreamingTagger:
     """The f-gram of each new token while decoding.
 
-    `match(last_tokens, token)` is stateless: give the previous K-1 tokens of the document
-    (fewer at its start) and the new token. `push(token)` keeps that state itself (O(K)
-    probes: a `DecodeTagger` of one sequence); `reset()` at a document boundary. `match_batch` does many sequences at once
-    (prefill and batched decoding), with contexts left-padded by -1.
+    `match(last_tokens, token)` is stateless: give the previous K-1 tokens of the document (fewer at
+    its start) and the new token. `push(token)` keeps that state itself (O(K) probes: a
+    `DecodeTagger` of one sequence); `reset()` at a document boundary. `match_batch` does many
+    sequences at once (prefill and batched decoding), with contexts left-padded by -1.
     """
 
     def __init__(self, fs):
@@ -508,7 +510,8 @@ class DecodeTagger:
         cur = [-1] * (k + 1)
         best = (-1, 0)
         if 0 <= token < radix and last >= 0:
-            code = last  # n = 2: keyed by the previous token; longer: by the slot of the shorter n-gram
+            # n = 2: keyed by the previous token; longer: by the slot of the shorter n-gram
+            code = last
             for n in range(2, k + 1):
                 if n > 2:
                     code = prev[n - 1]

@@ -13,7 +13,8 @@ from scone_jax.forest.layout import grow_blocks
 @dataclass(frozen=True)
 class ForestBatch:
     """The forest's buffers (forest/layout.py) and each position's output: `index` [B, T] points
-    into the G * R outputs (-1 = no match); `nodes` [G, N, B], `paths` [G, N, B, K], `outputs` [G, R]."""
+    into the G * R outputs (-1 = no match); `nodes` [G, N, B], `paths` [G, N, B, K],
+    `outputs` [G, R]."""
 
     index: np.ndarray
     nodes: np.ndarray

@@ -53,7 +53,8 @@ def param_logical_axes(abstract_model: nnx.Module) -> Any:
 def split_model(
     build_model: Callable[[nnx.Rngs], nnx.Module], seed: int
 ) -> tuple[ModelHandle, Any]:
-    """The handle and the abstract params (shapes only, nothing allocated) of `build_model`'s model."""
+    """The handle and the abstract params (shapes only, nothing allocated) of `build_model`'s
+    model."""
     abstract_model = nnx.eval_shape(lambda: build_model(nnx.Rngs(seed)))
     graphdef, params, rest = nnx.split(abstract_model, nnx.Param, ...)
     handle = ModelHandle(

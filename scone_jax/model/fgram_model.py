@@ -48,13 +48,15 @@ class FgramModel(nnx.Module):
                 )
             self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
             self.final_norm = Norm(cfg, cfg.d_model, rngs=rngs)
-            # zero-initialized per-dimension gain on the output: a gated model starts as the baseline
+            # zero-initialized per-dimension gain on the output: a gated model starts as the
+            # baseline
             self.output_gate = (
                 param(rngs, (backbone_width,), ("backbone_embed",), None, pdt) if gated else None
             )
 
     def __call__(self, token_embeddings: jax.Array, lengths: jax.Array) -> jax.Array:
-        """[N, K, d_backbone] embeddings T(tokens) of right-padded f-grams, [N] lengths -> [N, d_backbone]."""
+        """[N, K, d_backbone] embeddings T(tokens) of right-padded f-grams, [N] lengths
+        -> [N, d_backbone]."""
         with axis_namespace("fgram/"):
             k = token_embeddings.shape[1]
             positions = jnp.broadcast_to(jnp.arange(k), token_embeddings.shape[:2])

@@ -1,10 +1,10 @@
 """SCONE: the backbone plus the f-gram model, combined at the input layer (SCONE.md section 3).
 
 The f-gram model runs once per node of the batch's prefix forest (`fgram_nodes` tokens,
-`fgram_paths`; see scone_jax/forest/) and each position takes the output
-(`fgram_outputs`) that `fgram_index` points at (-1 = no match). The gather's transpose sums the gradients of every
-position sharing a node. With deduplication each distinct prefix is one node; without it every
-matched position has its own chain. Both give the same loss and gradients.
+`fgram_paths`; see scone_jax/forest/) and each position takes the output (`fgram_outputs`) that
+`fgram_index` points at (-1 = no match). The gather's transpose sums the gradients of every position
+sharing a node. With deduplication each distinct prefix is one node; without it every matched
+position has its own chain. Both give the same loss and gradients.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ class SconeModel(nnx.Module):
         self.combine = fgram_cfg.combine
 
     def fgram_embeddings(self, fgram_tokens: jax.Array, fgram_lengths: jax.Array) -> jax.Array:
-        """F(w) for each f-gram in the buffer: [C, K] tokens (right-padded), [C] lengths -> [C, d]."""
+        """F(w) for each f-gram in the buffer: [C, K] tokens (right-padded), [C] lengths
+        -> [C, d]."""
         return self.fgram(self.backbone.table_rows(jnp.maximum(fgram_tokens, 0)), fgram_lengths)
 
     def input_embeddings(

@@ -32,9 +32,9 @@ class Topology:
         watchdog = f"peer timeout {t.peer_s:g}s" if t.peer_s else "no watchdog"
         return (
             f"distributed: {self.num_processes} processes ({self.cluster.source}; coordinator "
-            f"{self.cluster.coordinator}), {self.global_devices} devices ({self.local_devices} on process "
-            f"{self.process_id}; {', '.join(self.device_kinds)}); {watchdog}, heartbeat timeout "
-            f"{t.heartbeat_s:g}s, shutdown timeout {t.shutdown_s:g}s"
+            f"{self.cluster.coordinator}), {self.global_devices} devices ({self.local_devices} on "
+            f"process {self.process_id}; {', '.join(self.device_kinds)}); {watchdog}, heartbeat "
+            f"timeout {t.heartbeat_s:g}s, shutdown timeout {t.shutdown_s:g}s"
         )
 
 
@@ -81,15 +81,16 @@ def initialize(
     kwargs = {k: v for k, v in kwargs.items() if k in accepted}
     if cluster.explicit:
         kwargs["cluster_detection_method"] = "deactivate"  # and keep every local device visible
-    # jax aborts the process (a C++ fatal error) when the job cannot be joined in time: say first what it tried
+    # jax aborts the process (a C++ fatal error) when the job cannot be joined in time: say first
+    # what it tried
     who = (
         f"process {cluster.process_id} of {cluster.num_processes}"
         if cluster.explicit
         else "this process"
     )
     print(
-        f"scone-jax: {who} joining {cluster.coordinator or 'the detected coordinator'} ({cluster.source}; "
-        f"init timeout {timeouts.init_s:g}s)",
+        f"scone-jax: {who} joining {cluster.coordinator or 'the detected coordinator'} "
+        f"({cluster.source}; init timeout {timeouts.init_s:g}s)",
         file=sys.stderr,
         flush=True,
     )
@@ -138,8 +139,8 @@ def initialize(
             TypeError,
         ) as e:  # a jaxlib whose client lacks the key-value calls used here
             print(
-                f"scone-jax: no watchdog on process {pid} ({e}); a lost peer is found by jax's heartbeat "
-                f"timeout ({timeouts.heartbeat_s:g}s)",
+                f"scone-jax: no watchdog on process {pid} ({e}); a lost peer is found by jax's "
+                f"heartbeat timeout ({timeouts.heartbeat_s:g}s)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -169,7 +170,8 @@ _barriers: dict[str, int] = {}
 
 
 def barrier(name: str, timeout_s: float = 24 * 3600) -> None:
-    """Wait until every process reaches this point (no-op for one process); all call it in the same order.
+    """Wait until every process reaches this point (no-op for one process); all call it in the same
+    order.
 
     A coordination-service barrier, not a device collective, so a long wait (process 0
     tokenizing a corpus) hits no collective timeout; a failed peer is handled by the watchdog.

@@ -37,7 +37,8 @@ class PeerMonitor:
         self._last: dict[int, tuple[str | None, float]] = {p: (None, now) for p in self.peers}
 
     def all_alive_since(self, moment: float, entries: Mapping[str, str]) -> bool:
-        """Whether every peer has beaten (or announced its exit) after `moment`: none is lost then."""
+        """Whether every peer has beaten (or announced its exit) after `moment`: none is lost
+        then."""
         return all(
             self._last[p][1] > moment or f"{KV_PREFIX}/exiting/{p}" in entries for p in self.peers
         )
@@ -72,7 +73,8 @@ def _exit_code(exc: BaseException) -> int:
 
 
 class Watchdog:
-    """A daemon thread: heartbeat into the key-value store, watch the peers, end this process if one is lost."""
+    """A daemon thread: heartbeat into the key-value store, watch the peers, end this process if one
+    is lost."""
 
     def __init__(
         self, client, process_id: int, num_processes: int, timeout_s: float, coordinator: str
@@ -109,7 +111,8 @@ class Watchdog:
                 if self._stop.is_set():
                     return
                 self._die(
-                    f"lost the coordinator (process 0 at {self.coordinator}): {str(e).splitlines()[0]}"
+                    f"lost the coordinator (process 0 at {self.coordinator}): "
+                    f"{str(e).splitlines()[0]}"
                 )
                 return
             if self._failed_code is not None:
@@ -139,7 +142,8 @@ class Watchdog:
         os._exit(PEER_LOST_EXIT_CODE)
 
     def report_failure(self, exc: BaseException) -> None:
-        """Tell the peers this process failed, so they stop now instead of in a collective's timeout.
+        """Tell the peers this process failed, so they stop now instead of in a collective's
+        timeout.
 
         A runtime (XLA) error is usually a collective broken by a peer that died: it is published
         only once every peer has shown a heartbeat since, so that when a peer is lost, the line

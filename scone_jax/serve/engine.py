@@ -84,8 +84,8 @@ def _check_table(
     table.check_compatible(width, tokenizer, checkpoint)
     if combine and table.meta.get("combine") != combine:
         raise UserError(
-            f"table {table.url} was exported in {table.meta.get('combine')} mode, the model trained "
-            f"with combine={combine}"
+            f"table {table.url} was exported in {table.meta.get('combine')} mode, the model "
+            f"trained with combine={combine}"
         )
 
 

@@ -53,8 +53,8 @@ def read_meta(url: str) -> tuple[Location, dict]:
         )
     if meta.get("format_version") != FORMAT_VERSION:
         raise UserError(
-            f"{url}/{META}: format_version={meta.get('format_version')!r} (expected {FORMAT_VERSION}; "
-            "export the table again)"
+            f"{url}/{META}: format_version={meta.get('format_version')!r} (expected "
+            f"{FORMAT_VERSION}; export the table again)"
         )
     if meta.get(META_CHECKSUM) != meta_digest(meta):
         raise UserError(
@@ -110,12 +110,13 @@ class Table(ABC):
     ) -> None:
         if self.width != width:
             raise UserError(
-                f"table {self.url} has width {self.width}, but the model's embeddings have width {width}"
+                f"table {self.url} has width {self.width}, but the model's embeddings have width "
+                f"{width}"
             )
         if tokenizer_sha256 and self.meta.get("tokenizer_sha256") != tokenizer_sha256:
             raise UserError(
-                f"table {self.url} was made with tokenizer {str(self.meta.get('tokenizer_sha256'))[:12]}, "
-                f"not {tokenizer_sha256[:12]}"
+                f"table {self.url} was made with tokenizer "
+                f"{str(self.meta.get('tokenizer_sha256'))[:12]}, not {tokenizer_sha256[:12]}"
             )
         if (
             checkpoint_fingerprint
@@ -123,7 +124,8 @@ class Table(ABC):
         ):
             raise UserError(
                 f"table {self.url} was exported from checkpoint "
-                f"{str(self.meta.get('checkpoint_fingerprint'))[:12]}, not {checkpoint_fingerprint[:12]}"
+                f"{str(self.meta.get('checkpoint_fingerprint'))[:12]}, not "
+                f"{checkpoint_fingerprint[:12]}"
             )
 
 
@@ -222,7 +224,8 @@ class DiskTable(Table):
                 f"table {url}: rows have shape {tuple(self.rows.shape)}, meta says "
                 f"({meta['num_rows']}, {meta['width']})"
             )
-        # local tables: rows read with pread, so the row cache gets the whole budget (shard_reader.py)
+        # local tables: rows read with pread, so the row cache gets the whole budget
+        # (shard_reader.py)
         self.direct = ShardReader.for_array(
             self.rows, loc.local_path / "rows" if loc.local_path else None
         )

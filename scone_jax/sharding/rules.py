@@ -58,7 +58,8 @@ def make_rules(overrides: Mapping[str, object] | None = None) -> dict[str, MeshA
         for axis in axes:
             if axis not in MESH_AXES:
                 raise UserError(
-                    f"mesh.rules.{name}: unknown mesh axis {axis!r} (expected one of {MESH_AXES} or null)"
+                    f"mesh.rules.{name}: unknown mesh axis {axis!r} (expected one of {MESH_AXES} "
+                    "or null)"
                 )
         rules[name] = target
     return rules

@@ -103,7 +103,8 @@ def _axis_plot(
                 r[column],
                 ls="--",
                 color=f"C{7 + i % 3}",
-                label=f"{r['point']} ({r['accelerator_params_non_embedding'] / 1e6:,.2f}M non-emb.)",
+                label=f"{r['point']} ({r['accelerator_params_non_embedding'] / 1e6:,.2f}M "
+                "non-emb.)",
             )
         if log_x:
             ax.set_xscale("log")

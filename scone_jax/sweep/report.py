@@ -127,7 +127,8 @@ def gather(sweep_dir: str | Path) -> tuple[dict, list[dict]]:
     plan = _read_json(sweep_dir / PLAN_FILE)
     if plan is None:
         raise UserError(
-            f"{sweep_dir} is not a sweep directory (no {PLAN_FILE}; expected the --out of `scone-jax sweep`)"
+            f"{sweep_dir} is not a sweep directory (no {PLAN_FILE}; expected the --out of "
+            "`scone-jax sweep`)"
         )
     rows = []
     for point in plan["points"]:
@@ -200,10 +201,11 @@ def to_markdown(plan: dict, rows: list[dict], plots: list[str]) -> str:
     lines = [
         f"# Sweep `{plan['name']}`",
         "",
-        f"{len(rows)} points ({sum(r['status'] == 'complete' for r in rows)} complete). Perplexity on each "
-        "held-out corpus and their geometric mean; accelerator parameters are those kept on the accelerator at "
-        "inference (the f-gram table lives in host RAM or on disk); the table size is for float32 rows; "
-        "coverage and mean match length are measured on the training text.",
+        f"{len(rows)} points ({sum(r['status'] == 'complete' for r in rows)} complete). Perplexity "
+        "on each held-out corpus and their geometric mean; accelerator parameters are those kept "
+        "on the accelerator at inference (the f-gram table lives in host RAM or on disk); the "
+        "table size is for float32 rows; coverage and mean match length are measured on the "
+        "training text.",
         "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
@@ -223,7 +225,8 @@ def to_markdown(plan: dict, rows: list[dict], plots: list[str]) -> str:
             _fmt(r.get("num_fgrams")),
             _fmt(r.get("max_n")),
             fgram_model,
-            f"{_fmt(r.get('accelerator_params'), 'M')} ({_fmt(r.get('accelerator_params_non_embedding'), 'M')})",
+            f"{_fmt(r.get('accelerator_params'), 'M')} "
+            f"({_fmt(r.get('accelerator_params_non_embedding'), 'M')})",
             _fmt((r.get("inference_flops_per_token") or 0) / 1e6 or None),
             f"{r['table_bytes'] / 2**20:,.1f} MiB" if r.get("table_bytes") else "",
             _fmt(r.get("coverage"), "ratio"),
@@ -236,7 +239,8 @@ def to_markdown(plan: dict, rows: list[dict], plots: list[str]) -> str:
 
 
 def write_report(sweep_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write results.csv, results.md and the plots to `out` (default SWEEP_DIR/report), atomically."""
+    """Write results.csv, results.md and the plots to `out` (default SWEEP_DIR/report),
+    atomically."""
     from scone_jax.sweep.plots import draw_plots
 
     plan, rows = gather(sweep_dir)

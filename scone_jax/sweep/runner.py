@@ -43,7 +43,8 @@ def launcher_command(
 
 def dry_run(plan: SweepPlan, launcher: str, launcher_args: list[str], print_fn=print) -> None:
     print_fn(
-        f"# sweep {plan.spec.name}: {len(plan.points)} points, {len(plan.steps)} commands, in {plan.sweep_dir}"
+        f"# sweep {plan.spec.name}: {len(plan.points)} points, {len(plan.steps)} commands, in "
+        f"{plan.sweep_dir}"
     )
     for step in plan.steps:
         state = "done" if step.done else "todo"
@@ -80,7 +81,8 @@ def _last_error(log: Path) -> str:
 
 
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt  # SIGTERM too must stop the running step (it checkpoints), not orphan it
+    # SIGTERM too must stop the running step (it checkpoints), not orphan it
+    raise KeyboardInterrupt
 
 
 def run(
@@ -121,6 +123,7 @@ def _run_steps(
         submitted = launcher != "local" and step.kind == "train"
         counts["submitted" if submitted else "ran"] += 1
         print_fn(
-            f"{prefix}: {'submitted' if submitted else 'done'} in {time.perf_counter() - start:.0f} s"
+            f"{prefix}: {'submitted' if submitted else 'done'} in "
+            f"{time.perf_counter() - start:.0f} s"
         )
     return counts

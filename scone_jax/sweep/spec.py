@@ -3,11 +3,13 @@
     name: cpu_num_fgrams
     config: ../tiny_scone.yaml          # a config path (relative to this file) or a preset name
     overrides: {train.steps: 500}        # applied to every point
-    eval_corpora:                        # extra held-out corpora, tokenized once with the sweep's tokenizer
+    eval_corpora:                        # extra held-out corpora, tokenized once with the
+                                         # sweep's tokenizer
       shakespeare: ${SCONE_SHARED_DATA:-../shared/data}/tinyshakespeare/input.txt
     points:                              # named points, e.g. the baselines
       baseline: {fgrams.enabled: false}
-    grid:                                # every combination becomes a point named key-value_key-value
+    grid:                                # every combination becomes a point named
+                                         # key-value_key-value
       fgrams.num_fgrams: [1000, 4000]
       fgrams.model_size: [0.5x, 1x]
 
@@ -164,8 +166,9 @@ def load_sweep(path: str | os.PathLike) -> SweepSpec:
     for point in points:
         if not _NAME.match(point.name) or point.name in seen:
             raise UserError(
-                f"{where}: point name {point.name!r} is {'repeated' if point.name in seen else 'invalid'}"
-                " (expected unique names of letters, digits, '.', '_' or '-')"
+                f"{where}: point name {point.name!r} is "
+                f"{'repeated' if point.name in seen else 'invalid'} (expected unique names of "
+                "letters, digits, '.', '_' or '-')"
             )
         seen.add(point.name)
     return SweepSpec(

@@ -78,8 +78,9 @@ def load_or_build_fgram_set(
         )
     if fgram_set.tokenizer_sha256 and fgram_set.tokenizer_sha256 != dataset.tokenizer_sha256:
         raise UserError(
-            f"f-gram set {fgram_set.path} was built with tokenizer {fgram_set.tokenizer_sha256[:12]}, "
-            f"but the dataset uses {dataset.tokenizer_sha256[:12]}"
+            f"f-gram set {fgram_set.path} was built with tokenizer "
+            f"{fgram_set.tokenizer_sha256[:12]}, but the dataset uses "
+            f"{dataset.tokenizer_sha256[:12]}"
         )
     return fgram_set
 

@@ -103,8 +103,8 @@ def train(cfg: Config) -> dict:
     if is_main:
         print(
             f"run {run_dir}: {session.flops.params_total:,} parameters "
-            f"({session.flops.params_non_embedding:,} non-embedding), mesh {dict(session.mesh.shape)}, "
-            f"{session.dataset.num_tokens:,} tokens, "
+            f"({session.flops.params_non_embedding:,} non-embedding), mesh "
+            f"{dict(session.mesh.shape)}, {session.dataset.num_tokens:,} tokens, "
             + (f"resuming at step {start}" if start else "starting from scratch"),
             flush=True,
         )
@@ -167,7 +167,8 @@ def train(cfg: Config) -> dict:
                 if not math.isfinite(metrics["loss"]):
                     raise TrainingDiverged(
                         f"loss is {metrics['loss']} at step {step} (lr={metrics['lr']:.3g}, "
-                        f"grad_norm={metrics['grad_norm']:.3g}); last checkpoint: step {ckpt.latest_step()}"
+                        f"grad_norm={metrics['grad_norm']:.3g}); last checkpoint: step "
+                        f"{ckpt.latest_step()}"
                     )
                 log_now = step % cfg.train.log_every == 0 or step == total
                 if log_now and window_steps:
@@ -219,7 +220,8 @@ def train(cfg: Config) -> dict:
         )
     if is_main:
         msg = (
-            f"{stopped_by}: saved step {step} to {checkpoints_dir(run_dir)}; rerun the same command to resume"
+            f"{stopped_by}: saved step {step} to {checkpoints_dir(run_dir)}; rerun the same "
+            "command to resume"
             if stopped_by
             else f"done: {step} steps; checkpoints in {checkpoints_dir(run_dir)}, "
             f"metrics in {run_dir / 'metrics.jsonl'}"

@@ -176,7 +176,8 @@ def _named_eval_sets(
 
 
 def _prepare_dataset(cfg: Config, run_dir: Path) -> TokenizedDataset:
-    """Process 0 tokenizes (when the run has no dataset yet); the others wait for it, then open it."""
+    """Process 0 tokenizes (when the run has no dataset yet); the others wait for it, then open
+    it."""
     if jax.process_count() == 1:
         return prepare_dataset(cfg.data, run_dir, progress=cfg.logging.progress)
     barrier(
@@ -195,7 +196,8 @@ def open_session(cfg: Config, run_dir: Path, extra_eval: list[str] | None = None
     vocab = cfg.model.vocab_size or dataset.vocab_size
     if vocab < dataset.vocab_size:
         raise UserError(
-            f"model.vocab_size={vocab} is smaller than the dataset's vocabulary ({dataset.vocab_size})"
+            f"model.vocab_size={vocab} is smaller than the dataset's vocabulary "
+            f"({dataset.vocab_size})"
         )
     mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     data_parallel = mesh.shape["data"] * mesh.shape["fsdp"]

@@ -19,7 +19,8 @@ from scone_jax.train.state import ModelHandle
 
 
 def device_arrays(batch) -> dict:
-    """A host batch's arrays that go to the device, by batch-sharding key (host-only fields left out)."""
+    """A host batch's arrays that go to the device, by batch-sharding key (host-only fields left
+    out)."""
     out = {"inputs": batch["inputs"], "targets": batch["targets"]}
     if "forest" in batch:
         out.update(batch["forest"].arrays())

@@ -153,8 +153,8 @@ def test_a_disk_without_room_for_the_tags_is_one_error_and_no_file(arrays, capsy
     )
     assert code == 2 and err.count("\n") == 1
     assert (
-        f"cannot write {tmp / 't_ids.npy'} and {tmp / 't_lens.npy'}: [Errno 28] No space left on device"
-        in err
+        f"cannot write {tmp / 't_ids.npy'} and {tmp / 't_lens.npy'}: [Errno 28] No space left on "
+        "device" in err
     )
     assert (
         len(asked) == 1 and asked[0][0] == 0 and asked[0][1] >= 4 * len(tokens)

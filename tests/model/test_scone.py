@@ -136,7 +136,8 @@ def test_no_matches_is_exactly_the_baseline(family, rng):
 
 
 def test_fgram_embedding_does_not_depend_on_the_window(rng):
-    """The same f-gram in two different windows gets an identical embedding: the table is possible."""
+    """The same f-gram in two different windows gets an identical embedding: the table is
+    possible."""
     model = SconeModel(
         BACKBONE["gpt2"],
         FgramConfig(enabled=True, max_n=K, combine="replace"),

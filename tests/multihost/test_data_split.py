@@ -1,4 +1,5 @@
-"""Each process reads only its rows of every global batch; together they are the single-process batch."""
+"""Each process reads only its rows of every global batch; together they are the single-process
+batch."""
 
 import numpy as np
 import pytest

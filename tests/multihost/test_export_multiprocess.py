@@ -41,7 +41,8 @@ SCONE = {
 RANGE_ROWS, SHARD_ROWS = 64, 256  # small enough that both processes get several shards
 EXPORT = {"range_rows": RANGE_ROWS, "shard_rows": SHARD_ROWS, "progress": False}
 EXPORT_FLAGS = ["--range-rows", str(RANGE_ROWS), "--shard-rows", str(SHARD_ROWS), "--no-progress"]
-# seen over runs: losses within 2e-7 relative, params within 1e-5, tables within 2e-6 (rows up to ~3)
+# seen over runs: losses within 2e-7 relative, params within 1e-5, tables within 2e-6 (rows up to
+# ~3)
 LOSS_RTOL = 2e-5
 PARAM_ATOL, PARAM_RTOL = 1e-4, 1e-3
 TABLE_ATOL = 1e-4

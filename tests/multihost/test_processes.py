@@ -1,4 +1,5 @@
-"""Real 2-process jobs on localhost (gloo): healthy runs, per-process data, and what happens when a peer dies.
+"""Real 2-process jobs on localhost (gloo): healthy runs, per-process data, and what happens when a
+peer dies.
 
 The watchdog's limit is set low here (SCONE_PEER_TIMEOUT) so a lost peer is found in seconds.
 What stopped a job is read from its messages, never from how long it took (timings belong in
@@ -53,7 +54,8 @@ def test_a_killed_peer_stops_the_others_within_the_peer_timeout():
 
 def test_a_failing_peer_stops_the_others_at_once():
     # without the failure report, process 0 would wait in its collective until jax's shutdown
-    # timeout (SCONE_SHUTDOWN_TIMEOUT, 120 s); the peer timeout is long here, so it is not what stops it
+    # timeout (SCONE_SHUTDOWN_TIMEOUT, 120 s); the peer timeout is long here, so it is not what
+    # stops it
     job = worker_job(2, "fail-at", "10", "1", env={"SCONE_PEER_TIMEOUT": "60"})
     assert job.finish(60) in (1, 75), job.output[-3000:]  # whichever local.py saw first
     assert "is lost" not in job.output  # stopped by the report, not by a timeout
@@ -82,7 +84,8 @@ def test_a_coordinator_failing_while_the_others_wait_at_a_barrier_stops_them():
     assert job.finish(60) in (1, 75), job.output[-3000:]
     assert "is lost" not in job.output
     job.wait_for(
-        r"^\[p1\] scone-jax: process 0 of 2 failed \(RuntimeError: injected failure before the barrier\)"
+        r"^\[p1\] scone-jax: process 0 of 2 failed \(RuntimeError: injected failure before the "
+        r"barrier\)"
     )
     assert job.status(0) == 1 and job.status(1) == 75
 

@@ -25,7 +25,8 @@ from scone_jax.runtime import distributed
 
 
 class JaxRuntimeError(RuntimeError):
-    """Named like jax's runtime error, which the watchdog treats as possibly caused by a lost peer."""
+    """Named like jax's runtime error, which the watchdog treats as possibly caused by a lost
+    peer."""
 
 
 def collectives(

@@ -12,7 +12,8 @@ from tests.scone_run import train_scone_run
 
 @pytest.fixture(scope="session", autouse=True)
 def compile_cache(tmp_path_factory):
-    """One JAX compilation cache for the processes these tests restart (`faulty_cli(compile_cache=True)`)."""
+    """One JAX compilation cache for the processes these tests restart
+    (`faulty_cli(compile_cache=True)`)."""
     COMPILE_CACHE[:] = [tmp_path_factory.mktemp("jax_compile_cache")]
 
 

@@ -139,7 +139,8 @@ def flip_byte(path: Path, rng: np.random.Generator) -> int:
 
 
 def copy_run(source: Path, run: Path) -> Path:
-    """A copy of run directory `source` at `run` that trains there (its config names its run_dir)."""
+    """A copy of run directory `source` at `run` that trains there (its config names its
+    run_dir)."""
     shutil.copytree(source, run)
     save_config(load_config(run / "config.yaml", [f"run_dir={run}"]), run / "config.yaml")
     return run

@@ -718,7 +718,8 @@ SUBPROCESS_CASES = (
 
 
 class Unpickled:
-    """Pickled into an object array: unpickling it creates the file `sentinel`, which no command may do."""
+    """Pickled into an object array: unpickling it creates the file `sentinel`, which no command may
+    do."""
 
     def __init__(self, sentinel: Path):
         self.sentinel = sentinel
@@ -728,8 +729,9 @@ class Unpickled:
 
 
 def export_narrow_table(run_dir: Path, out: Path, width: int) -> None:
-    """A complete table of rows narrower than the run's embeddings, as a model with a smaller d_model
-    would export (without training one): the export sees that d_model and keeps that many columns."""
+    """A complete table of rows narrower than the run's embeddings, as a model with a smaller
+    d_model would export (without training one): the export sees that d_model and keeps that many
+    columns."""
 
     def narrow_run(*args, **kwargs):
         run = real_load(*args, **kwargs)

@@ -46,7 +46,8 @@ def start_message(step: int) -> str:
 
 
 def save_writes(writes: list[str], checkpoints, step: int) -> tuple[int, int]:
-    """(writes of the save of `step`, 1-based index of its commit: the rename to checkpoints/STEP)."""
+    """(writes of the save of `step`, 1-based index of its commit: the rename to
+    checkpoints/STEP)."""
     mine = [w for w in writes if w.split(" ", 1)[1].startswith(f"{checkpoints}/{step}")]
     return len(mine), mine.index(f"rename {checkpoints}/{step}") + 1
 
@@ -96,8 +97,8 @@ def test_a_kill_inside_a_checkpoint_save_resumes_from_the_last_complete_one(
         )
         assert resumes_at in (step, step - every)
         print(
-            f"killed at write {kill_at}/{count} of the save of step {step} (the commit is write {commit}): "
-            f"next start at {resumes_at}"
+            f"killed at write {kill_at}/{count} of the save of step {step} (the commit is write "
+            f"{commit}): next start at {resumes_at}"
         )
     final = finish(faulty_cli(args(run), devices=1, compile_cache=True))
     assert final.returncode == 0, final.stderr[-2000:]
@@ -169,7 +170,8 @@ def test_a_kill_during_a_table_export_never_exposes_a_partial_table(scone_artifa
     assert open_table(str(table), "host").meta["checksum"] == reference["checksum"]
     assert not (tmp_path / "table.partial").exists()
 
-    # killed at any Python-level write of an export (all of them follow the swap): the new table is complete
+    # killed at any Python-level write of an export (all of them follow the swap): the new table is
+    # complete
     kill_at = int(rng.integers(1, len(writes_seen(resumed.stderr)) + 1))
     killed(finish(export("float32", kill_at_write=(tmp_path, kill_at))))
     assert (
@@ -219,7 +221,8 @@ def test_a_kill_while_replacing_an_fgram_set_leaves_the_old_or_the_new_one(
         killed(finish(faulty_cli(args, kill_at_write=(sets, kill_at))))
         found = FgramSet.load(out)  # complete, whichever it is
         print(
-            f"killed at write {kill_at}: {'new' if found.fingerprint == new else 'old'} set in place"
+            f"killed at write {kill_at}: {'new' if found.fingerprint == new else 'old'} set in "
+            "place"
         )
         if found.fingerprint != new:
             assert_intact(old)

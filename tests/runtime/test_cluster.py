@@ -1,4 +1,5 @@
-"""Where a process finds its job (flags, env, SLURM, indexed Job, jax detection), timeouts, the peer monitor."""
+"""Where a process finds its job (flags, env, SLURM, indexed Job, jax detection), timeouts, the peer
+monitor."""
 
 import pytest
 

@@ -120,7 +120,9 @@ def test_table_perplexity_equals_the_live_fgram_model(exported, capsys):
         ]
         with capsys.disabled():
             print(
-                f"\nperplexity live {live:.4f}, {dtype} table {other:.4f} ({(other - live) / live:+.2e} relative)"
+                "\n"
+                f"perplexity live {live:.4f}, {dtype} table {other:.4f} "
+                f"({(other - live) / live:+.2e} relative)"
             )
         assert abs(other - live) / live < 0.05
 

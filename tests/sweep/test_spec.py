@@ -165,7 +165,9 @@ def _write(tmp_path, text: str) -> Path:
         ("config: tiny\npoints: {a/b: {}}\n", "invalid"),
         ("config: tiny\npoints: {num_fgrams-1: {}}\ngrid: {fgrams.num_fgrams: [1]}\n", "repeated"),
         (
-            "config: tiny\neval_corpora: {x: '${SCONE_TEST_UNSET_VARIABLE}/a.txt'}\npoints: {a: {}}\n",
+            "config: tiny\n"
+            "eval_corpora: {x: '${SCONE_TEST_UNSET_VARIABLE}/a.txt'}\n"
+            "points: {a: {}}\n",
             "SCONE_TEST_UNSET_VARIABLE",
         ),
         ("config: no_such_preset\npoints: {a: {}}\n", "no_such_preset"),

@@ -78,8 +78,9 @@ def test_one_device_equals_eight_and_the_modes_train(
 
 def test_the_sharded_step_never_replicates_what_it_shards(markov_dataset, tmp_path):
     """On the data x fsdp x tensor mesh every lookup (tokens, f-gram nodes, positions), in training
-    and in export, comes out batch-sharded: XLA's SPMD partitioner falls back to replicating a tensor (and says so) when
-    it cannot reshard it, which on a real mesh means every device computing the whole batch."""
+    and in export, comes out batch-sharded: XLA's SPMD partitioner falls back to replicating a
+    tensor (and says so) when it cannot reshard it, which on a real mesh means every device
+    computing the whole batch."""
     run = cli_run(
         [
             "train",
