@@ -50,8 +50,12 @@ gpu-check:
 	    --target /tmp/scone-site .whl/*.whl || exit 1; fi; \
 	PYTHONPATH=/tmp/scone-site$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
 
+LINT_PATHS := scone_jax tests benchmarks experiments launch
+
+# ruff check (pyproject.toml's rules, line length 100 included), then the formatter's check
 lint: venv
-	$(VENV)/bin/ruff check scone_jax tests benchmarks experiments launch
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 
 clean:
 	rm -rf $(VENV) demo_out bench_out .pytest_cache

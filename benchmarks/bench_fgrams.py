@@ -25,8 +25,13 @@ MIN_COUNT = 5
 VOCAB = 32_000
 
 
-def zipf_phrase_corpus(num_tokens: int, vocab: int = VOCAB, seed: int = 0, num_phrases: int = 300_000,
-                       mean_doc: int = 2000) -> tuple[np.ndarray, np.ndarray]:
+def zipf_phrase_corpus(
+    num_tokens: int,
+    vocab: int = VOCAB,
+    seed: int = 0,
+    num_phrases: int = 300_000,
+    mean_doc: int = 2000,
+) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
 
     def zipf(n, a):
@@ -45,9 +50,14 @@ def zipf_phrase_corpus(num_tokens: int, vocab: int = VOCAB, seed: int = 0, num_p
     uoff = np.concatenate([[0], np.cumsum(ulen)])
     unit_of = np.repeat(np.arange(units), ulen)[:num_tokens]
     within = np.arange(len(unit_of)) - uoff[unit_of]
-    toks = np.where(is_phrase[unit_of], ptok[np.minimum(poff[pid][unit_of] + within, len(ptok) - 1)],
-                    single[unit_of]).astype(np.uint16 if vocab <= 1 << 16 else np.uint32)
-    cuts = np.sort(rng.choice(np.arange(1, num_tokens), max(num_tokens // mean_doc - 1, 0), replace=False))
+    toks = np.where(
+        is_phrase[unit_of],
+        ptok[np.minimum(poff[pid][unit_of] + within, len(ptok) - 1)],
+        single[unit_of],
+    ).astype(np.uint16 if vocab <= 1 << 16 else np.uint32)
+    cuts = np.sort(
+        rng.choice(np.arange(1, num_tokens), max(num_tokens // mean_doc - 1, 0), replace=False)
+    )
     return toks, np.concatenate([[0], cuts, [num_tokens]]).astype(np.int64)
 
 
@@ -77,8 +87,9 @@ if args.get("save"):
 # VmHWM, not ru_maxrss: the latter keeps the parent's high-water mark across fork + exec
 peak = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
 print(json.dumps({"seconds": dt, "peak_rss": peak, "base_rss": rss0, "plan": fs.meta.get("plan"),
-                  "fingerprint": fs.fingerprint, "num_fgrams": fs.num_fgrams, "cutoff": fs.cutoff_count,
-                  "survivors": fs.meta["survivors_per_length"], "candidates": fs.meta["candidates_per_length"]}))
+                  "fingerprint": fs.fingerprint, "num_fgrams": fs.num_fgrams,
+                  "cutoff": fs.cutoff_count, "survivors": fs.meta["survivors_per_length"],
+                  "candidates": fs.meta["candidates_per_length"]}))
 """
 
 
@@ -100,8 +111,13 @@ print(json.dumps({"seconds": seconds, "peak_rss": peak, "base_rss": rss0,
 
 def run_child(code: str = _CHILD, **args) -> dict:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    out = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True,
-                         env=env, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
     if out.returncode:
         raise RuntimeError(out.stderr[-3000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -128,7 +144,9 @@ def counter_baseline(tokens: np.ndarray, offsets: np.ndarray, k: int, s: int, m:
         doc = toks[a:b]
         for n in range(2, k + 1):
             c.update(zip(*(doc[j:] for j in range(n))))
-    kept = sorted(((g, n) for g, n in c.items() if n >= m), key=lambda gn: (-gn[1], len(gn[0]), gn[0]))[:s]
+    kept = sorted(
+        ((g, n) for g, n in c.items() if n >= m), key=lambda gn: (-gn[1], len(gn[0]), gn[0])
+    )[:s]
     return time.perf_counter() - t, kept
 
 
@@ -179,12 +197,14 @@ def primitive_costs(tokens: np.ndarray) -> dict[str, float]:
 
     t = np.asarray(tokens[:8_000_001], np.uint64)
     codes = t[:-1] * np.uint64(VOCAB) + t[1:]
-    keys = codes[:1 << 18].astype(np.uint32)
-    out = {"sort": best(lambda: np.sort(keys), 10) / len(keys) * 1e9,
-           "radix": best(lambda: _sorted(keys), 10) / len(keys) * 1e9}
+    keys = codes[: 1 << 18].astype(np.uint32)
+    out = {
+        "sort": best(lambda: np.sort(keys), 10) / len(keys) * 1e9,
+        "radix": best(lambda: _sorted(keys), 10) / len(keys) * 1e9,
+    }
     uniq, cnt = np.unique(codes, return_counts=True)
     table = HashIndex(uniq[cnt >= MIN_COUNT][np.argsort(-cnt[cnt >= MIN_COUNT], kind="stable")])
-    q = codes[:1 << 20]
+    q = codes[: 1 << 20]
     out["probe"] = best(lambda: table.slots(q), 5) / len(q) * 1e9
     t0 = time.perf_counter()
     fresh = np.full(1 << 23, 1, np.uint64)
@@ -220,29 +240,37 @@ def run(quick: bool = False) -> str:
         reps = 1 if quick else 3
         common = {"k": K, "s": s_count, "m": MIN_COUNT}
         sub = {"dataset": str(tmp / "sub"), **common}
-        runs = best_of_interleaved(reps, {
-            "counter": {"code": _COUNTER_CHILD, **sub},
-            "one": {**sub, "workers": 1},
-            "ours_sub": {**sub, "workers": workers},
-        })
+        runs = best_of_interleaved(
+            reps,
+            {
+                "counter": {"code": _COUNTER_CHILD, **sub},
+                "one": {**sub, "workers": 1},
+                "ours_sub": {**sub, "workers": workers},
+            },
+        )
         counter, one, ours_sub = runs["counter"], runs["one"], runs["ours_sub"]
         big = {"dataset": str(tmp / "ds"), **common, "workers": workers}
-        runs = best_of_interleaved(1 if quick else 2, {
-            "full": big, "ooc": {**big, "budget": budget, "tmp": str(tmp / "scratch")}})
+        runs = best_of_interleaved(
+            1 if quick else 2,
+            {"full": big, "ooc": {**big, "budget": budget, "tmp": str(tmp / "scratch")}},
+        )
         full, ooc = runs["full"], runs["ooc"]
         assert ooc["fingerprint"] == full["fingerprint"], "out-of-core and in-memory sets differ"
         counter_s = counter["seconds"]
         sub_set = FgramSet.load(_save_sub(tmp, K, s_count))
         ours = [(sub_set.fgram(i), int(sub_set.counts[i])) for i in range(sub_set.num_fgrams)]
-        assert hashlib.sha256(repr(ours).encode()).hexdigest() == counter["kept_sha256"], \
+        assert hashlib.sha256(repr(ours).encode()).hexdigest() == counter["kept_sha256"], (
             "the Counter baseline disagrees"
+        )
 
         # -- tagging --------------------------------------------------------------------------
         corpus = Corpus.from_dataset(tmp / "ds")
         starts = corpus.starts(0, corpus.num_tokens)
         tag_rows = []
         for s in sizes:
-            built = run_child(dataset=str(tmp / "ds"), k=K, s=s, m=2, workers=workers, save=str(tmp / f"set{s}"))
+            built = run_child(
+                dataset=str(tmp / "ds"), k=K, s=s, m=2, workers=workers, save=str(tmp / f"set{s}")
+            )
             fs = FgramSet.load(tmp / f"set{s}")
             t = time.perf_counter()
             tagger = fs.tagger()
@@ -260,11 +288,22 @@ def run(quick: bool = False) -> str:
             kid, klen = key_tagging(fs, np.asarray(tokens[:m_sub]), starts[:m_sub])
             t_keys = time.perf_counter() - t
             assert np.array_equal(klen, lens[:m_sub]), "key-based tagging disagrees"
-            tag_rows.append({"s": fs.num_fgrams, "asked": s, "cutoff": fs.cutoff_count, "build": built["seconds"],
-                             "tagger": t_build, "table": table_bytes, "all": n_tokens / t_all,
-                             "one": n_tokens / t_one, "keys": m_sub / t_keys,
-                             "probes": probes / n_tokens, "ns_probe": t_one / probes * 1e9,
-                             "coverage": float(hist[2:].sum() / n_tokens)})
+            tag_rows.append(
+                {
+                    "s": fs.num_fgrams,
+                    "asked": s,
+                    "cutoff": fs.cutoff_count,
+                    "build": built["seconds"],
+                    "tagger": t_build,
+                    "table": table_bytes,
+                    "all": n_tokens / t_all,
+                    "one": n_tokens / t_one,
+                    "keys": m_sub / t_keys,
+                    "probes": probes / n_tokens,
+                    "ns_probe": t_one / probes * 1e9,
+                    "coverage": float(hist[2:].sum() / n_tokens),
+                }
+            )
             del fs, tagger, lens
 
     cost = primitive_costs(tokens)
@@ -278,65 +317,77 @@ def run(quick: bool = False) -> str:
     lines = [
         "## F-gram counting and tagging",
         "",
-        f"Corpus: {n_tokens:,} tokens of Zipf-like synthetic text with phrase structure (vocab {VOCAB:,}, "
-        f"{len(offsets) - 1:,} documents); K = {K}, min count {MIN_COUNT}, S = {s_count:,}. {workers} workers. "
-        f"The Counter baseline (a `Counter` of tuples per document and length, then filter and sort) runs on "
-        f"the first {sub_end:,} tokens only (on all of them it would need tens of GB); its result is checked "
-        f"equal to ours there. Times are the best of {reps} runs on the subset and of {1 if quick else 2} on the "
-        f"full corpus, each in a fresh process, configurations taken in turns. Load average at the start and end of this section: {load_before:.1f}, "
-        f"{load_after:.1f} (on {workers} cores; anything above ~0 means other jobs were competing).",
+        f"Corpus: {n_tokens:,} tokens of Zipf-like synthetic text with phrase structure (vocab "
+        f"{VOCAB:,}, {len(offsets) - 1:,} documents); K = {K}, min count {MIN_COUNT}, S = "
+        f"{s_count:,}. {workers} workers. The Counter baseline (a `Counter` of tuples per document "
+        f"and length, then filter and sort) runs on the first {sub_end:,} tokens only (on all of "
+        "them it would need tens of GB); its result is checked equal to ours there. Times are the "
+        f"best of {reps} runs on the subset and of {1 if quick else 2} on the full corpus, each in "
+        "a fresh process, configurations taken in turns. Load average at the start and end of this "
+        f"section: {load_before:.1f}, {load_after:.1f} (on {workers} cores; anything above ~0 "
+        "means other jobs were competing).",
         "",
         "| counting | tokens | time | tokens/s | vs Counter | peak RSS (counting only) |",
         "|---|---|---|---|---|---|",
-        f"| Counter baseline, 1 core | {sub_end:,} | {counter_s:.1f} s | {counter_rate / 1e6:.2f} M | 1x | "
-        f"{mib(counter['peak_rss'] - counter['base_rss'])} |",
+        f"| Counter baseline, 1 core | {sub_end:,} | {counter_s:.1f} s | {counter_rate / 1e6:.2f} "
+        f"M | 1x | {mib(counter['peak_rss'] - counter['base_rss'])} |",
         f"| scone_jax, in memory, 1 worker | {sub_end:,} | {one['seconds']:.2f} s | "
-        f"{sub_end / one['seconds'] / 1e6:.2f} M | {sub_end / one['seconds'] / counter_rate:.1f}x | "
-        f"{mib(one['peak_rss'] - one['base_rss'])} |",
+        f"{sub_end / one['seconds'] / 1e6:.2f} M | {sub_end / one['seconds'] / counter_rate:.1f}x "
+        f"| {mib(one['peak_rss'] - one['base_rss'])} |",
         f"| scone_jax, in memory, {workers} workers | {sub_end:,} | {ours_sub['seconds']:.2f} s | "
         f"{ours_sub_rate / 1e6:.2f} M | {ours_sub_rate / counter_rate:.1f}x | "
         f"{mib(ours_sub['peak_rss'] - ours_sub['base_rss'])} |",
-        f"| scone_jax, in memory, {workers} workers | {n_tokens:,} | {full['seconds']:.2f} s | {rate / 1e6:.2f} M | "
-        f"{rate / counter_rate:.1f}x | {mib(full['peak_rss'] - full['base_rss'])} |",
+        f"| scone_jax, in memory, {workers} workers | {n_tokens:,} | {full['seconds']:.2f} s | "
+        f"{rate / 1e6:.2f} M | {rate / counter_rate:.1f}x | "
+        f"{mib(full['peak_rss'] - full['base_rss'])} |",
         f"| scone_jax, out of core, budget {mib(budget)} | {n_tokens:,} | {ooc['seconds']:.2f} s | "
-        f"{n_tokens / ooc['seconds'] / 1e6:.2f} M | {n_tokens / ooc['seconds'] / counter_rate:.1f}x | "
-        f"{mib(ooc['peak_rss'] - ooc['base_rss'])} ({'within' if ooc['peak_rss'] - ooc['base_rss'] <= budget else 'OVER'} budget) |",
+        f"{n_tokens / ooc['seconds'] / 1e6:.2f} M | "
+        f"{n_tokens / ooc['seconds'] / counter_rate:.1f}x | "
+        f"{mib(ooc['peak_rss'] - ooc['base_rss'])} "
+        f"({'within' if ooc['peak_rss'] - ooc['base_rss'] <= budget else 'OVER'} budget) |",
         "",
         f"Same set from both paths (fingerprint {full['fingerprint'][:12]}). Survivors per length "
         f"(min count {MIN_COUNT}): {full['survivors']}; candidates counted after Apriori pruning: "
-        f"{full['candidates']}. Peak RSS counts the counting process after its imports and the corpus "
-        f"being opened (tokens are read with pread, so the file itself is not resident).",
+        f"{full['candidates']}. Peak RSS counts the counting process after its imports and the "
+        "corpus being opened (tokens are read with pread, so the file itself is not resident).",
         "",
-        f"| tagging, S | cutoff | tagger build | table size | tokens/s, {workers} workers | tokens/s, 1 worker | "
-        f"probes/token | ns/probe (1 worker) | sorted keys + searchsorted, tokens/s | coverage |",
+        f"| tagging, S | cutoff | tagger build | table size | tokens/s, {workers} workers | "
+        "tokens/s, 1 worker | probes/token | ns/probe (1 worker) | sorted keys + searchsorted, "
+        "tokens/s | coverage |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in tag_rows:
-        lines.append(f"| {r['s']:,}{'' if r['s'] == r['asked'] else ' (all with count >= 2)'} | {r['cutoff']} | "
-                     f"{r['tagger']:.1f} s | {mib(r['table'])} | {r['all'] / 1e6:.2f} M | {r['one'] / 1e6:.2f} M | "
-                     f"{r['probes']:.2f} | {r['ns_probe']:.0f} | {r['keys'] / 1e6:.2f} M | {r['coverage']:.1%} |")
+        lines.append(
+            f"| {r['s']:,}{'' if r['s'] == r['asked'] else ' (all with count >= 2)'} | "
+            f"{r['cutoff']} | {r['tagger']:.1f} s | {mib(r['table'])} | {r['all'] / 1e6:.2f} M | "
+            f"{r['one'] / 1e6:.2f} M | {r['probes']:.2f} | {r['ns_probe']:.0f} | "
+            f"{r['keys'] / 1e6:.2f} M | {r['coverage']:.1%} |"
+        )
     lines += [
         "",
-        f"Tagging sets are counted from the same corpus with min count 2 (so that S = {sizes[-1]:,} exists).",
+        "Tagging sets are counted from the same corpus with min count 2 (so that S = "
+        f"{sizes[-1]:,} exists).",
         "",
-        f"**What limits it.** Counting: every candidate position costs one element of a sort and, one length "
-        f"later, one hash probe (the id of its n-gram in an open-addressing table). Codes are split by the top "
-        f"bits of a bijective mix into partitions of uint32 keys; a partition is sorted by two stable argsorts "
-        f"of its 16-bit halves (numpy radix-sorts 16-bit keys in O(n), skipping byte columns that are constant "
-        f"in the partition) and run-length counted. Measured here on the corpus's bigram codes: that sort "
-        f"{cost['radix']:.0f} ns/key, against {cost['sort']:.0f} ns/key for `np.sort` (a vectorised quicksort); "
-        f"a probe {cost['probe']:.0f} ns (frequent n-grams are inserted first, so they sit in their home slot, "
-        f"and a spill flag per slot ends most misses at the first gather). With the subset's {codes_sub:,} "
-        f"codes and {probes_sub:,} probes that is {explained:.0%} of the 1-worker time, the rest being "
-        f"whole-array passes (code arithmetic, masks, the partition shuffle: a radix argsort on 8-bit "
-        f"partition ids and a gather) and first-touching fresh arrays ({cost['fault']:.2f} ns per byte here). "
-        f"numpy has no hash aggregation, so the remaining lever is cores: 2 workers. Apriori pruning removes "
-        f"little at this size (most candidate positions belong to frequent n-grams). "
-        "Out of core adds a write and a read of every candidate key and of the per-position ids per pass. "
-        "Tagging: each token costs about one probe per length it matches plus one (the chain stops at the "
-        "first miss); once the tables exceed the last-level cache (32 MiB here) each probe is a DRAM miss, "
-        "so ns/probe grows with S. Hashing every suffix and binary-searching the sorted keys costs "
-        "log2(S) dependent misses per length instead, hence the gap in the last column.",
+        "**What limits it.** Counting: every candidate position costs one element of a sort and, "
+        "one length later, one hash probe (the id of its n-gram in an open-addressing table). "
+        "Codes are split by the top bits of a bijective mix into partitions of uint32 keys; a "
+        "partition is sorted by two stable argsorts of its 16-bit halves (numpy radix-sorts 16-bit "
+        "keys in O(n), skipping byte columns that are constant in the partition) and run-length "
+        f"counted. Measured here on the corpus's bigram codes: that sort {cost['radix']:.0f} "
+        f"ns/key, against {cost['sort']:.0f} ns/key for `np.sort` (a vectorised quicksort); a "
+        f"probe {cost['probe']:.0f} ns (frequent n-grams are inserted first, so they sit in their "
+        "home slot, and a spill flag per slot ends most misses at the first gather). With the "
+        f"subset's {codes_sub:,} codes and {probes_sub:,} probes that is {explained:.0%} of the "
+        "1-worker time, the rest being whole-array passes (code arithmetic, masks, the partition "
+        "shuffle: a radix argsort on 8-bit partition ids and a gather) and first-touching fresh "
+        f"arrays ({cost['fault']:.2f} ns per byte here). numpy has no hash aggregation, so the "
+        "remaining lever is cores: 2 workers. Apriori pruning removes little at this size (most "
+        "candidate positions belong to frequent n-grams). Out of core adds a write and a read of "
+        "every candidate key and of the per-position ids per pass. Tagging: each token costs about "
+        "one probe per length it matches plus one (the chain stops at the first miss); once the "
+        "tables exceed the last-level cache (32 MiB here) each probe is a DRAM miss, so ns/probe "
+        "grows with S. Hashing every suffix and binary-searching the sorted keys costs log2(S) "
+        "dependent misses per length instead, hence the gap in the last column.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -36,22 +36,38 @@ from scone_jax.serve.input_layer import TableLookup
 from scone_jax.serve.sampling import Sampling
 from scone_jax.serve.tables import open_table
 
-SAMPLING = Sampling(temperature=1.0)  # sampled, not greedy: an untrained model's greedy output loops
-PAPER = {"RAM, 100M rows, batch 16": 0.017, "NVMe, 10M rows, batch 1": 1.1, "NVMe, 1B rows, batch 1": 2.3}
+SAMPLING = Sampling(
+    temperature=1.0
+)  # sampled, not greedy: an untrained model's greedy output loops
+PAPER = {
+    "RAM, 100M rows, batch 16": 0.017,
+    "NVMe, 10M rows, batch 1": 1.1,
+    "NVMe, 1B rows, batch 1": 2.3,
+}
 
 
 def bigram_table(path: Path, rows: int, width: int, vocab: int, dtype: str = "bfloat16") -> str:
-    """A synthetic table of `rows` distinct bigrams (closed under prefixes trivially) with random rows."""
+    """A synthetic table of `rows` distinct bigrams (closed under prefixes trivially) with random
+    rows."""
     side = int(np.ceil(np.sqrt(rows)))
     assert side <= vocab, "vocab too small for that many bigrams"
     ids = np.arange(rows)
     tokens = np.full((rows, 2), -1, np.int64)
     tokens[:, 0], tokens[:, 1] = ids // side, ids % side
-    fs = FgramSet.create(tokens, np.full(rows, 2), np.full(rows, 10), max_n=2, min_count=1, key_vocab=vocab,
-                         vocab_size=vocab)
+    fs = FgramSet.create(
+        tokens,
+        np.full(rows, 2),
+        np.full(rows, 10),
+        max_n=2,
+        min_count=1,
+        key_vocab=vocab,
+        vocab_size=vocab,
+    )
     loc = parse_location(str(path))
     rng = np.random.default_rng(0)
-    arr = create_array(loc, "rows", (rows, width), dtype, default_chunk_rows(width, dtype, 65536), 65536)  # as export
+    arr = create_array(
+        loc, "rows", (rows, width), dtype, default_chunk_rows(width, dtype, 65536), 65536
+    )  # as export
     done = []
     for a in range(0, rows, 1 << 18):
         b = min(a + (1 << 18), rows)
@@ -59,10 +75,21 @@ def bigram_table(path: Path, rows: int, width: int, vocab: int, dtype: str = "bf
         arr[a:b].write(stored).result()
         done.append((a, b, range_checksum(stored, scale)))
     fs.save(path / FGRAM_SET_DIR)
-    meta = {"format_version": FORMAT_VERSION, "num_rows": rows, "width": width, "dtype": dtype, "max_n": 2,
-            "combine": "add", "tokenizer_sha256": None, "fgram_set_fingerprint": fs.fingerprint,
-            "checkpoint_fingerprint": None, "checkpoint_step": 0, "range_rows": 1 << 18,
-            "ranges": [[a, b] for a, b, _ in done], "checksum": combine_checksums(done)}
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "num_rows": rows,
+        "width": width,
+        "dtype": dtype,
+        "max_n": 2,
+        "combine": "add",
+        "tokenizer_sha256": None,
+        "fgram_set_fingerprint": fs.fingerprint,
+        "checkpoint_fingerprint": None,
+        "checkpoint_step": 0,
+        "range_rows": 1 << 18,
+        "ranges": [[a, b] for a, b, _ in done],
+        "checksum": combine_checksums(done),
+    }
     write_json(loc, META, {**meta, META_CHECKSUM: meta_digest(meta)})
     return str(path)
 
@@ -79,8 +106,9 @@ def memory_bandwidth() -> float:
     return 2 * a.nbytes / best
 
 
-def decode_rates(engines: dict[str, Engine], batch: int, side: int, new_tokens: int,
-                 rounds: int) -> tuple[dict, dict, dict]:
+def decode_rates(
+    engines: dict[str, Engine], batch: int, side: int, new_tokens: int, rounds: int
+) -> tuple[dict, dict, dict]:
     """Tokens/s of each engine on the same prompts (bigrams of the table, so most tokens match),
     each engine's speed relative to the first, and a bootstrap 90% interval of that ratio.
 
@@ -93,13 +121,18 @@ def decode_rates(engines: dict[str, Engine], batch: int, side: int, new_tokens: 
     per-round ratios. Each round has fresh prompts (so the disk tier's caches hold none of its
     rows at first), and the compile run yet others."""
     rng = np.random.default_rng(batch)
-    prompts = [[rng.integers(0, side, 32).tolist() for _ in range(batch)] for _ in range(rounds + 1)]
+    prompts = [
+        [rng.integers(0, side, 32).tolist() for _ in range(batch)] for _ in range(rounds + 1)
+    ]
     for engine in engines.values():
         generate(engine, prompts[-1], new_tokens, SAMPLING)  # compile every shape first
     names = list(engines)
     times = {name: [] for name in names}
     for r in range(rounds):
-        running = {name: decode_steps(engines[name], prompts[r], new_tokens, SAMPLING, seed=r) for name in names}
+        running = {
+            name: decode_steps(engines[name], prompts[r], new_tokens, SAMPLING, seed=r)
+            for name in names
+        }
         spent = dict.fromkeys(names, 0.0)
         for _ in range(new_tokens):
             for name in [names[i] for i in rng.permutation(len(names))]:
@@ -111,8 +144,11 @@ def decode_rates(engines: dict[str, Engine], batch: int, side: int, new_tokens: 
     first = np.array(times[names[0]])
     rates = {k: batch * new_tokens / float(np.median(v)) for k, v in times.items()}
     ratios = {k: first / np.array(v) for k, v in times.items()}
-    return (rates, {k: float(np.median(r)) for k, r in ratios.items()},
-            {k: median_interval(r, rng) for k, r in ratios.items()})
+    return (
+        rates,
+        {k: float(np.median(r)) for k, r in ratios.items()},
+        {k: median_interval(r, rng) for k, r in ratios.items()},
+    )
 
 
 def table_engines(path: Path, rows: int, model_cfg) -> tuple[int, Engine, dict[str, Engine]]:
@@ -122,16 +158,23 @@ def table_engines(path: Path, rows: int, model_cfg) -> tuple[int, Engine, dict[s
     url = bigram_table(path, rows, model_cfg.d_model, side)
     backbone = Transformer(model_cfg, side, rngs=nnx.Rngs(0))
     tiers = {"RAM": open_table(url, "host"), "disk": open_table(url, "disk", cache_bytes=64 << 20)}
-    return side, Engine(backbone, None), {tier: Engine(backbone, TableLookup(table)) for tier, table in tiers.items()}
+    return (
+        side,
+        Engine(backbone, None),
+        {tier: Engine(backbone, TableLookup(table)) for tier, table in tiers.items()},
+    )
 
 
-def tier_rates(base: Engine, tiers: dict[str, Engine], batch: int, side: int, new_tokens: int,
-               rounds: int) -> dict[str, tuple[float, float, str]]:
+def tier_rates(
+    base: Engine, tiers: dict[str, Engine], batch: int, side: int, new_tokens: int, rounds: int
+) -> dict[str, tuple[float, float, str]]:
     """Each tier in lockstep with the baseline alone (`decode_rates`): tier -> (baseline tok/s in
     that lockstep, the tier's tok/s, its ratio with interval)."""
     out = {}
     for tier, engine in tiers.items():
-        rates, ratio, interval = decode_rates({"base": base, tier: engine}, batch, side, new_tokens, rounds)
+        rates, ratio, interval = decode_rates(
+            {"base": base, tier: engine}, batch, side, new_tokens, rounds
+        )
         out[tier] = (rates["base"], rates[tier], ratio_text(ratio[tier], interval[tier]))
     return out
 
@@ -154,47 +197,76 @@ def run(quick: bool = False) -> str:
     sizes = [100_000] if quick else [1_000_000, 10_000_000]
     new_tokens = 16 if quick else 64
     bandwidth = memory_bandwidth()
-    lines = ["## Serving: decode with the table off the accelerator (CPU)", "",
-             f"Backbone: the small preset (d {width}, {cfg.model.n_layers} layers) with a vocabulary of "
-             "sqrt(rows) tokens (1,000 and 3,163), and a table of every bigram over it with random bfloat16 rows "
-             "(the lookup cost does not depend on the values): every decoded token matches a row. A smaller "
-             "vocabulary than the preset's 8,192 makes the backbone step cheaper, so the lookup weighs more. "
-             "Decode = `generate` with the KV cache and sampling at temperature 1 (32-token prompts, "
-             f"{new_tokens} new tokens): per token one jitted step plus the host-side match and row fetch. The "
-             "RAM and disk tiers each decode in lockstep with the baseline alone (a third engine in the same "
-             "lockstep, with its own caches and reads, slowed the other two unevenly: in trials the RAM tier's "
-             "ratio at 10M rows and batch 1 was 0.98 alone with the baseline, 0.95 and 0.97 with the disk tier "
-             "beside them; each tier's baseline column is the baseline in its lockstep), each step timed alone, "
-             "so drift of the "
-             "machine's speed hits both alike; "
-             "tok/s are medians over rounds, ratios the medians of each round's ratio (in brackets: a bootstrap "
-             "90% interval of that median). Every round "
-             "has fresh prompts and seeds, so nearly every step reads a row the disk tier's caches do not hold "
-             "(the OS page cache may hold the table file: the machine has the RAM). "
-             f"Measured memory bandwidth (numpy copy): {bandwidth / 1e9:.1f} GB/s.", "",
-             "| rows | batch | baseline tok/s | RAM tok/s | RAM / baseline | baseline tok/s | disk tok/s | "
-             "disk / baseline |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Serving: decode with the table off the accelerator (CPU)",
+        "",
+        f"Backbone: the small preset (d {width}, {cfg.model.n_layers} layers) with a vocabulary of "
+        "sqrt(rows) tokens (1,000 and 3,163), and a table of every bigram over it with random "
+        "bfloat16 rows (the lookup cost does not depend on the values): every decoded token "
+        "matches a row. A smaller vocabulary than the preset's 8,192 makes the backbone step "
+        "cheaper, so the lookup weighs more. Decode = `generate` with the KV cache and sampling at "
+        f"temperature 1 (32-token prompts, {new_tokens} new tokens): per token one jitted step "
+        "plus the host-side match and row fetch. The RAM and disk tiers each decode in lockstep "
+        "with the baseline alone (a third engine in the same lockstep, with its own caches and "
+        "reads, slowed the other two unevenly: in trials the RAM tier's ratio at 10M rows and "
+        "batch 1 was 0.98 alone with the baseline, 0.95 and 0.97 with the disk tier beside them; "
+        "each tier's baseline column is the baseline in its lockstep), each step timed alone, so "
+        "drift of the machine's speed hits both alike; tok/s are medians over rounds, ratios the "
+        "medians of each round's ratio (in brackets: a bootstrap 90% interval of that median). "
+        "Every round has fresh prompts and seeds, so nearly every step reads a row the disk tier's "
+        "caches do not hold (the OS page cache may hold the table file: the machine has the RAM). "
+        f"Measured memory bandwidth (numpy copy): {bandwidth / 1e9:.1f} GB/s.",
+        "",
+        "| rows | batch | baseline tok/s | RAM tok/s | RAM / baseline | baseline tok/s | disk "
+        "tok/s | disk / baseline |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     latency_rows = []
     for rows in sizes:
         side, base, tiers = table_engines(work / f"t{rows}", rows, cfg.model)
         for batch in (1, 16):
             measured = tier_rates(base, tiers, batch, side, new_tokens, 2 if quick else 31)
-            lines.append(f"| {rows:,} | {batch} | " + " | ".join(
-                f"{base_rate:,.0f} | {rate:,.0f} | {ratio}" for base_rate, rate, ratio in measured.values()) + " |")
+            lines.append(
+                f"| {rows:,} | {batch} | "
+                + " | ".join(
+                    f"{base_rate:,.0f} | {rate:,.0f} | {ratio}"
+                    for base_rate, rate, ratio in measured.values()
+                )
+                + " |"
+            )
         for tier, engine in tiers.items():
-            latency_rows.append((rows, tier, [lookup_latency(engine.lookup.table, bs, rows) for bs in (1, 2, 4, 8, 16)]))
+            latency_rows.append(
+                (
+                    rows,
+                    tier,
+                    [lookup_latency(engine.lookup.table, bs, rows) for bs in (1, 2, 4, 8, 16)],
+                )
+            )
     shutil.rmtree(work, ignore_errors=True)  # the tables take GBs
     row_bytes = width * 2
-    lines += ["", "Targets (issue): RAM >= 0.95x and disk >= 0.85x the baseline's tokens/s.", "",
-              "Per-token row fetch latency (random rows, deduplicated per batch):", "",
-              "| rows | tier | batch 1 | 2 | 4 | 8 | 16 | bytes/token | bytes/s at batch 16 / bandwidth |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Targets (issue): RAM >= 0.95x and disk >= 0.85x the baseline's tokens/s.",
+        "",
+        "Per-token row fetch latency (random rows, deduplicated per batch):",
+        "",
+        "| rows | tier | batch 1 | 2 | 4 | 8 | 16 | bytes/token | bytes/s at batch 16 / bandwidth "
+        "|",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for rows, tier, lat in latency_rows:
-        lines.append(f"| {rows:,} | {tier} | " + " | ".join(f"{x * 1e3:.4f} ms" for x in lat)
-                     + f" | {row_bytes} | {row_bytes / lat[-1] / bandwidth:.1e} |")
-    lines += ["", "The paper's figures for comparison (A100 host, d 2048, 16-bit rows): "
-              + "; ".join(f"{k}: {v} ms/token" for k, v in PAPER.items()) + ".", ""]
+        lines.append(
+            f"| {rows:,} | {tier} | "
+            + " | ".join(f"{x * 1e3:.4f} ms" for x in lat)
+            + f" | {row_bytes} | {row_bytes / lat[-1] / bandwidth:.1e} |"
+        )
+    lines += [
+        "",
+        "The paper's figures for comparison (A100 host, d 2048, 16-bit rows): "
+        + "; ".join(f"{k}: {v} ms/token" for k, v in PAPER.items())
+        + ".",
+        "",
+    ]
     lines += export_throughput(quick)
     return "\n".join(lines)
 
@@ -207,27 +279,52 @@ def export_throughput(quick: bool) -> list[str]:
     from scone_jax.train.loop import train
 
     work = Path(tempfile.mkdtemp(prefix="scone-bench-export-"))
-    cfg = load_config("tiny_scone", [f"run_dir={work / 'run'}", "train.steps=2", "logging.progress=false",
-                                     "logging.tensorboard=false", "data.max_default_corpus_mb=1.0",
-                                     "train.eval_every=0", "fgrams.num_fgrams=20000"])
+    cfg = load_config(
+        "tiny_scone",
+        [
+            f"run_dir={work / 'run'}",
+            "train.steps=2",
+            "logging.progress=false",
+            "logging.tensorboard=false",
+            "data.max_default_corpus_mb=1.0",
+            "train.eval_every=0",
+            "fgrams.num_fgrams=20000",
+        ],
+    )
     train(cfg)
     meta = export_table(work / "run", str(work / "table"), progress=False)
     from scone_jax.fgrams.store import FgramSet
 
     fs = FgramSet.load(work / "run" / "fgrams")
-    alone = float(np.mean([fgram_forward_per_row(cfg.fgrams, cfg.model, int(n)) for n in fs.lengths]))
-    order = np.lexsort(fs.tokens.T[::-1])  # export's batches: 1024 rows in lexicographic order (one range here)
-    nodes = sum(len(prefix_forest(fs.tokens[order[c:c + 1024]], fs.lengths[order[c:c + 1024]], True).tokens)
-                for c in range(0, len(order), 1024))
+    alone = float(
+        np.mean([fgram_forward_per_row(cfg.fgrams, cfg.model, int(n)) for n in fs.lengths])
+    )
+    order = np.lexsort(
+        fs.tokens.T[::-1]
+    )  # export's batches: 1024 rows in lexicographic order (one range here)
+    nodes = sum(
+        len(
+            prefix_forest(
+                fs.tokens[order[c : c + 1024]], fs.lengths[order[c : c + 1024]], True
+            ).tokens
+        )
+        for c in range(0, len(order), 1024)
+    )
     flops = fgram_forest_forward(cfg.fgrams, cfg.model, nodes, len(order)) / len(order)
     peak = matmul_peak(512)
     achieved = meta["rows_per_s"] * flops
-    return ["Export throughput (tiny SCONE run, 1x f-gram model, float32 rows, this CPU):", "",
-            "| rows | rows/s | prefix nodes/row | f-gram model FLOPs/row (forest / each alone) | achieved GFLOP/s | "
-            "fraction of matmul peak |",
-            "|---|---|---|---|---|---|",
-            f"| {meta['num_rows']:,} | {meta['rows_per_s']:,.0f} | {nodes / len(order):.2f} | {flops / 1e6:.2f} M / "
-            f"{alone / 1e6:.2f} M | {achieved / 1e9:.2f} | {achieved / peak:.2f} |", "",
-            "Export computes batches of f-grams in lexicographic order as prefix forests, so each row costs about "
-            "one f-gram model position instead of its length. It is a forward pass over short paths: small "
-            "matmuls, far from the peak on CPU; on an accelerator the batch of f-grams per call is what to raise."]
+    return [
+        "Export throughput (tiny SCONE run, 1x f-gram model, float32 rows, this CPU):",
+        "",
+        "| rows | rows/s | prefix nodes/row | f-gram model FLOPs/row (forest / each alone) | "
+        "achieved GFLOP/s | fraction of matmul peak |",
+        "|---|---|---|---|---|---|",
+        f"| {meta['num_rows']:,} | {meta['rows_per_s']:,.0f} | {nodes / len(order):.2f} | "
+        f"{flops / 1e6:.2f} M / {alone / 1e6:.2f} M | {achieved / 1e9:.2f} | {achieved / peak:.2f} "
+        "|",
+        "",
+        "Export computes batches of f-grams in lexicographic order as prefix forests, so each row "
+        "costs about one f-gram model position instead of its length. It is a forward pass over "
+        "short paths: small matmuls, far from the peak on CPU; on an accelerator the batch of "
+        "f-grams per call is what to raise.",
+    ]

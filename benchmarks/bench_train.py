@@ -42,10 +42,15 @@ def time_train_step(preset: str, steps: int, vocab: int) -> dict:
     step_time = float(np.median(times))
     flops = model_flops(cfg.model, vocab, cfg.data.seq_len)
     tokens = shape[0] * shape[1]
-    return {"preset": preset, "params": flops.params_total, "tokens_per_step": tokens,
-            "step_time": step_time, "tokens_per_s": tokens / step_time,
-            "flops_per_step": flops.train_per_token * tokens,
-            "flops_per_s": flops.train_per_token * tokens / step_time}
+    return {
+        "preset": preset,
+        "params": flops.params_total,
+        "tokens_per_step": tokens,
+        "step_time": step_time,
+        "tokens_per_s": tokens / step_time,
+        "flops_per_step": flops.train_per_token * tokens,
+        "flops_per_s": flops.train_per_token * tokens / step_time,
+    }
 
 
 def run(quick: bool = False) -> str:
@@ -59,15 +64,23 @@ def run(quick: bool = False) -> str:
         "## Baseline train step (CPU)",
         "",
         f"Matmul peak measured in this run (float32, best of 20): {peak / 1e9:.1f} GFLOP/s on "
-        f"{len(jax.devices())} device(s). FLOPs per step count matmuls only (6N per token plus attention).",
+        f"{len(jax.devices())} device(s). FLOPs per step count matmuls only (6N per token plus "
+        "attention).",
         "",
-        "| preset | params | tokens/step | step time (median) | tokens/s | GFLOP/step | achieved GFLOP/s | fraction of matmul peak |",
+        "| preset | params | tokens/step | step time (median) | tokens/s | GFLOP/step | achieved "
+        "GFLOP/s | fraction of matmul peak |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['preset']} | {r['params']:,} | {r['tokens_per_step']:,} | {r['step_time'] * 1e3:.1f} ms | "
-                     f"{r['tokens_per_s']:,.0f} | {r['flops_per_step'] / 1e9:.2f} | {r['flops_per_s'] / 1e9:.1f} | "
-                     f"{r['flops_per_s'] / peak:.2f} |")
-    lines += ["", "The gap to the matmul peak is the non-matmul work (layer norms, softmax, the optimizer "
-              "update, the embedding gather) and small matrices that do not fill the cores."]
+        lines.append(
+            f"| {r['preset']} | {r['params']:,} | {r['tokens_per_step']:,} | "
+            f"{r['step_time'] * 1e3:.1f} ms | {r['tokens_per_s']:,.0f} | "
+            f"{r['flops_per_step'] / 1e9:.2f} | {r['flops_per_s'] / 1e9:.1f} | "
+            f"{r['flops_per_s'] / peak:.2f} |"
+        )
+    lines += [
+        "",
+        "The gap to the matmul peak is the non-matmul work (layer norms, softmax, the optimizer "
+        "update, the embedding gather) and small matrices that do not fill the cores.",
+    ]
     return "\n".join(lines)

@@ -39,7 +39,9 @@ def matmul_peak(n: int = 1024, repeats: int = 20) -> float:
     return 2 * n**3 / best
 
 
-def interleaved_timings(fns: dict, rounds: int, seed: int = 0) -> tuple[dict[str, float], dict[str, float], dict]:
+def interleaved_timings(
+    fns: dict, rounds: int, seed: int = 0
+) -> tuple[dict[str, float], dict[str, float], dict]:
     """Median seconds per call of each fn, calling each once per round in a fresh random order
     (drift hits all alike, and none always runs right after the same other), the median over
     rounds of each fn's time relative to the first fn's in that round, and a bootstrap 90%
@@ -54,12 +56,16 @@ def interleaved_timings(fns: dict, rounds: int, seed: int = 0) -> tuple[dict[str
             times[names[i]].append(time.perf_counter() - t)
     first = np.array(times[names[0]])
     ratios = {k: np.array(v) / first for k, v in times.items()}
-    return ({k: float(np.median(v)) for k, v in times.items()},
-            {k: float(np.median(r)) for k, r in ratios.items()},
-            {k: median_interval(r, rng) for k, r in ratios.items()})
+    return (
+        {k: float(np.median(v)) for k, v in times.items()},
+        {k: float(np.median(r)) for k, r in ratios.items()},
+        {k: median_interval(r, rng) for k, r in ratios.items()},
+    )
 
 
-def median_interval(samples: np.ndarray, rng: np.random.Generator, resamples: int = 2000) -> tuple[float, float]:
+def median_interval(
+    samples: np.ndarray, rng: np.random.Generator, resamples: int = 2000
+) -> tuple[float, float]:
     """Bootstrap 90% interval of the median of `samples` (per-round ratios)."""
     medians = np.median(samples[rng.integers(0, len(samples), (resamples, len(samples)))], axis=1)
     return float(np.quantile(medians, 0.05)), float(np.quantile(medians, 0.95))

@@ -34,23 +34,37 @@ GPT2_128M_SHAPED = ("data.tokenizer_vocab_size=8192",)  # a vocabulary the defau
 
 def device_line() -> str:
     devices = jax.devices()
-    return (f"{len(devices)} x {devices[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}, "
-            f"Python {platform.python_version()}")
+    return (
+        f"{len(devices)} x {devices[0].device_kind} ({jax.default_backend()}), jax "
+        f"{jax.__version__}, Python {platform.python_version()}"
+    )
 
 
 def run_tests(quick: bool) -> list[str]:
     """The model tests in a fresh process on this backend, matmuls at full float32 precision (the
     equivalence tests compare float32 results; TF32 would blur them)."""
-    env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS") or jax.default_backend(),
-           "JAX_DEFAULT_MATMUL_PRECISION": "highest", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS") or jax.default_backend(),
+        "JAX_DEFAULT_MATMUL_PRECISION": "highest",
+        "PYTHONUNBUFFERED": "1",
+    }
     targets = [f"{MODEL_TESTS[1]}"] if quick else list(MODEL_TESTS)
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *targets],
-                          cwd=REPO, env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *targets],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     summary = (done.stdout.strip().splitlines() or ["(no output)"])[-1]
-    lines = ["## Model tests on the accelerator", "",
-             f"`pytest {' '.join(targets)}` with JAX_PLATFORMS={env['JAX_PLATFORMS']}, matmul precision highest: "
-             f"**{summary}** (exit {done.returncode}, {time.perf_counter() - start:.0f} s)."]
+    lines = [
+        "## Model tests on the accelerator",
+        "",
+        f"`pytest {' '.join(targets)}` with JAX_PLATFORMS={env['JAX_PLATFORMS']}, matmul precision "
+        f"highest: **{summary}** (exit {done.returncode}, {time.perf_counter() - start:.0f} s).",
+    ]
     if done.returncode:
         failed = [line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
         lines += ["", "```", *failed[:20], *done.stderr.strip().splitlines()[-10:], "```"]
@@ -62,25 +76,40 @@ def scone_steps(quick: bool, work: Path) -> list[str]:
     and the f-gram model's share of the FLOPs."""
     settings = [("tiny", "tiny", 16, ()), ("small", "small", 16, ())]
     if not quick:
-        settings.append(("GPT-2 128M-shaped (d 1024, 6 layers, bf16), 16 x 1024", "paper/gpt2_128m", 16,
-                         GPT2_128M_SHAPED))
-    lines = ["## SCONE train step vs the baseline on the accelerator", "",
-             "F-gram model 1x, K = 5, every f-gram of count >= 3 in the text (up to 100K), as in BENCHMARKS.md; "
-             "ratios are medians of per-round ratios in lockstep, with bootstrap 90% intervals.", "",
-             "| setting | f-grams | baseline step | dedup | ratio | plain | ratio | distinct ratio | prefix nodes "
-             "per position | f-gram FLOPs / backbone FLOPs (dedup) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+        settings.append(
+            (
+                "GPT-2 128M-shaped (d 1024, 6 layers, bf16), 16 x 1024",
+                "paper/gpt2_128m",
+                16,
+                GPT2_128M_SHAPED,
+            )
+        )
+    lines = [
+        "## SCONE train step vs the baseline on the accelerator",
+        "",
+        "F-gram model 1x, K = 5, every f-gram of count >= 3 in the text (up to 100K), as in "
+        "BENCHMARKS.md; ratios are medians of per-round ratios in lockstep, with bootstrap 90% "
+        "intervals.",
+        "",
+        "| setting | f-grams | baseline step | dedup | ratio | plain | ratio | distinct ratio | "
+        "prefix nodes per position | f-gram FLOPs / backbone FLOPs (dedup) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, preset, batch, overrides in settings:
         folder = work / preset.replace("/", "_")
         folder.mkdir(parents=True)
-        r = bench_scone.measure(preset, 3 if quick else 30, folder, batch_size=batch, overrides=overrides)
+        r = bench_scone.measure(
+            preset, 3 if quick else 30, folder, batch_size=batch, overrides=overrides
+        )
         t = r["times"]
         shown = {m: ratio_text(r["ratios"][m], r["intervals"][m], "x") for m in ("dedup", "plain")}
         d = r["dedup"]
-        lines.append(f"| {name} | {r['num_fgrams']:,} | {t['baseline'] * 1e3:.2f} ms | {t['dedup'] * 1e3:.2f} ms | "
-                     f"{shown['dedup']} | {t['plain'] * 1e3:.2f} ms | {shown['plain']} | "
-                     f"{d['distinct_ratio']:.2f} | {d['fgram_nodes'] / r['positions']:.2f} | "
-                     f"{d['fgram_flops_fraction']:.2f} |")
+        lines.append(
+            f"| {name} | {r['num_fgrams']:,} | {t['baseline'] * 1e3:.2f} ms | "
+            f"{t['dedup'] * 1e3:.2f} ms | {shown['dedup']} | {t['plain'] * 1e3:.2f} ms | "
+            f"{shown['plain']} | {d['distinct_ratio']:.2f} | "
+            f"{d['fgram_nodes'] / r['positions']:.2f} | {d['fgram_flops_fraction']:.2f} |"
+        )
     return lines
 
 
@@ -91,14 +120,22 @@ def serve_decode(quick: bool, work: Path) -> list[str]:
 
     rows, new_tokens = (100_000, 16) if quick else (1_000_000, 64)
     side, base, tiers = bench_serve.table_engines(work / "table", rows, load_config("small").model)
-    lines = ["## Decoding with the table off the accelerator", "",
-             f"Small preset backbone, vocabulary {side:,}, a table of {rows:,} bigram rows (bfloat16), 32-token "
-             f"prompts, {new_tokens} new tokens sampled; each tier in lockstep with the baseline.", "",
-             "| batch | tier | baseline tok/s | tier tok/s | tier / baseline |", "|---|---|---|---|---|"]
+    lines = [
+        "## Decoding with the table off the accelerator",
+        "",
+        f"Small preset backbone, vocabulary {side:,}, a table of {rows:,} bigram rows (bfloat16), "
+        f"32-token prompts, {new_tokens} new tokens sampled; each tier in lockstep with the "
+        "baseline.",
+        "",
+        "| batch | tier | baseline tok/s | tier tok/s | tier / baseline |",
+        "|---|---|---|---|---|",
+    ]
     for batch in (1, 16):
         measured = bench_serve.tier_rates(base, tiers, batch, side, new_tokens, 2 if quick else 15)
-        lines += [f"| {batch} | {tier} | {base_rate:,.0f} | {rate:,.0f} | {ratio} |"
-                  for tier, (base_rate, rate, ratio) in measured.items()]
+        lines += [
+            f"| {batch} | {tier} | {base_rate:,.0f} | {rate:,.0f} | {ratio} |"
+            for tier, (base_rate, rate, ratio) in measured.items()
+        ]
     return lines
 
 
@@ -124,9 +161,15 @@ def main() -> int:
             if part == "tests":
                 section = run_tests(args.quick)
             else:
-                section = {"scone": scone_steps, "serve": serve_decode}[part](args.quick, work / part)
+                section = {"scone": scone_steps, "serve": serve_decode}[part](
+                    args.quick, work / part
+                )
         except Exception as e:  # keep the other parts' results
-            section = [f"## {part}", "", f"failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}"]
+            section = [
+                f"## {part}",
+                "",
+                f"failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}",
+            ]
         lines += ["", *section, "", f"({part}: {time.perf_counter() - start:.0f} s)"]
         report.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))

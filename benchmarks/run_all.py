@@ -22,15 +22,19 @@ BENCH_DIR = Path(__file__).resolve().parent
 def machine_line() -> str:
     import jax
 
-    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-            f"Python {platform.python_version()}, jax {jax.__version__}, "
-            f"devices: {', '.join(sorted({d.device_kind for d in jax.devices()}))}")
+    return (
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, jax {jax.__version__}, "
+        f"devices: {', '.join(sorted({d.device_kind for d in jax.devices()}))}"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="BENCHMARKS.md")
-    parser.add_argument("--only", action="append", default=[], help="run only bench_NAME (repeatable)")
+    parser.add_argument(
+        "--only", action="append", default=[], help="run only bench_NAME (repeatable)"
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     args = parser.parse_args()
     names = sorted(p.stem for p in BENCH_DIR.glob("bench_*.py"))

@@ -10,7 +10,7 @@ batch), each with checkpoints at several steps, prints and writes, per checkpoin
   positions.
 
     python experiments/scone_diagnose.py BASELINE_RUN SCONE_RUN [SCONE_RUN ...] --out FILE.json
-"""
+"""  # noqa: E501 (the --help text, printed as is: RawDescriptionHelpFormatter)
 
 from __future__ import annotations
 
@@ -57,8 +57,13 @@ def backbone_residual(backbone, x):
 def losses(model, batch, scone: bool):
     tokens = batch["inputs"]
     if scone:
-        x = model.input_embeddings(tokens, batch["fgram_index"], batch["fgram_nodes"], batch["fgram_paths"],
-                                   batch["fgram_outputs"])
+        x = model.input_embeddings(
+            tokens,
+            batch["fgram_index"],
+            batch["fgram_nodes"],
+            batch["fgram_paths"],
+            batch["fgram_outputs"],
+        )
         backbone = model.backbone
     else:
         backbone = model
@@ -94,13 +99,22 @@ def diagnose(baseline: Path, scone_runs: list[Path]) -> list[dict]:
             x = np.concatenate([p[1].reshape(-1, p[1].shape[-1]) for p in parts])
             t = np.concatenate([p[2].reshape(-1, p[2].shape[-1]) for p in parts])
             resid = np.concatenate([p[3].reshape(-1, p[3].shape[-1]) for p in parts])
-            row = {"run": run.name, "step": step, "combine": session.cfg.fgrams.combine if scone else "baseline",
-                   "loss": float(loss.mean()), "loss_matched": float(loss[matched].mean()),
-                   "loss_unmatched": float(loss[~matched].mean()),
-                   "loss_by_match_length": {int(n): float(loss[match_len == n].mean())
-                                            for n in np.unique(match_len)},
-                   "rms_T": rms(t), "rms_input_matched": rms(x, matched), "rms_input_unmatched": rms(x, ~matched),
-                   "rms_resid_matched": rms(resid, matched), "rms_resid_unmatched": rms(resid, ~matched)}
+            row = {
+                "run": run.name,
+                "step": step,
+                "combine": session.cfg.fgrams.combine if scone else "baseline",
+                "loss": float(loss.mean()),
+                "loss_matched": float(loss[matched].mean()),
+                "loss_unmatched": float(loss[~matched].mean()),
+                "loss_by_match_length": {
+                    int(n): float(loss[match_len == n].mean()) for n in np.unique(match_len)
+                },
+                "rms_T": rms(t),
+                "rms_input_matched": rms(x, matched),
+                "rms_input_unmatched": rms(x, ~matched),
+                "rms_resid_matched": rms(resid, matched),
+                "rms_resid_unmatched": rms(resid, ~matched),
+            }
             if scone:
                 delta = x - t  # what the f-gram path changes at the input
                 row["rms_fgram_delta_matched"] = rms(delta, matched)
@@ -110,7 +124,9 @@ def diagnose(baseline: Path, scone_runs: list[Path]) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("baseline", type=Path)
     parser.add_argument("scone", type=Path, nargs="+")
     parser.add_argument("--out", type=Path, required=True)

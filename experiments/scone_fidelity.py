@@ -14,7 +14,7 @@ installed numpy and matplotlib, text nobody on the project wrote). The last thre
 from ../shared/data or the environment and are skipped with a note when absent.
 Each corpus is tokenized once (vocab 2048, 5% of documents held out); every run of a corpus
 shares that dataset and split, and seeds change the initialization and the data order.
-"""
+"""  # noqa: E501 (the --help text, printed as is: RawDescriptionHelpFormatter)
 
 from __future__ import annotations
 
@@ -34,10 +34,16 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 
-COMMON = ["train.eval_every=0", "train.eval_batches=64", "logging.progress=false", "logging.tensorboard=false",
-          "checkpoint.every=100000"]
+COMMON = [
+    "train.eval_every=0",
+    "train.eval_batches=64",
+    "logging.progress=false",
+    "logging.tensorboard=false",
+    "checkpoint.every=100000",
+]
 
-# variant -> (preset, overrides); "<family>" variants are defined for gpt2 (tiny*) and llama (tiny_llama*)
+# variant -> (preset, overrides); "<family>" variants are defined for gpt2 (tiny*) and llama
+# (tiny_llama*)
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     "tiny": ("tiny", []),
     "tiny_x2": ("tiny", ["model.n_layers=4"]),
@@ -67,7 +73,11 @@ def corpus_args(name: str, work: Path) -> list[str] | None:
         paths = [SHARED / "wikitext-2" / f"{split}.txt" for split in ("valid", "test")]
         if not all(p.is_file() for p in paths):
             return None
-        return [*itertools.chain.from_iterable(("--corpus", str(p)) for p in paths), "--doc-split", "blank_line"]
+        return [
+            *itertools.chain.from_iterable(("--corpus", str(p)) for p in paths),
+            "--doc-split",
+            "blank_line",
+        ]
     if name == "shakespeare":
         path = SHARED / "tinyshakespeare" / "input.txt"
         return ["--corpus", str(path), "--doc-split", "blank_line"] if path.is_file() else None
@@ -76,7 +86,9 @@ def corpus_args(name: str, work: Path) -> list[str] | None:
         if not out.is_file():
             write_library_docstrings(out, ("numpy", "matplotlib"), max_bytes=12_000_000)
         return ["--corpus", str(out)]
-    raise SystemExit(f"unknown corpus {name!r} (expected embedded, wikitext, shakespeare or libdocs)")
+    raise SystemExit(
+        f"unknown corpus {name!r} (expected embedded, wikitext, shakespeare or libdocs)"
+    )
 
 
 def write_library_docstrings(out: Path, packages: tuple[str, ...], max_bytes: int) -> None:
@@ -96,8 +108,11 @@ def write_library_docstrings(out: Path, packages: tuple[str, ...], max_bytes: in
                     tree = ast.parse(path.read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
                 continue
-            docs = [ast.get_docstring(n) for n in ast.walk(tree)
-                    if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)]
+            docs = [
+                ast.get_docstring(n)
+                for n in ast.walk(tree)
+                if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            ]
             text = "\n\n".join(d.strip() for d in docs if d and d.strip())
             if text and budget > 0:
                 lines.append(json.dumps({"text": text}))
@@ -110,7 +125,10 @@ def write_library_docstrings(out: Path, packages: tuple[str, ...], max_bytes: in
 def scone_jax(*args: str, log: Path | None = None) -> None:
     cmd = [sys.executable, "-m", "scone_jax.cli.main", *args]
     # one device, one thread: several runs side by side on a few cores waste less to contention
-    env = {**os.environ, "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
+    }
     if log:
         log.parent.mkdir(parents=True, exist_ok=True)
     with open(log or os.devnull, "w") as fh:
@@ -128,8 +146,16 @@ def dataset_for(corpus: str, out: Path) -> Path | None:
         print(f"skipping corpus {corpus}: not on this machine", flush=True)
         return None
     target.parent.mkdir(parents=True, exist_ok=True)
-    scone_jax("tokenize", *args, "--vocab-size", "2048", "--out", str(target), "--no-progress",
-              log=out / "data" / f"{corpus}.log")
+    scone_jax(
+        "tokenize",
+        *args,
+        "--vocab-size",
+        "2048",
+        "--out",
+        str(target),
+        "--no-progress",
+        log=out / "data" / f"{corpus}.log",
+    )
     return target
 
 
@@ -137,8 +163,17 @@ def run_point(out: Path, dataset: Path, corpus: str, variant: str, seed: int, st
     preset, overrides = VARIANTS[variant]
     run_dir = out / "runs" / corpus / f"{variant}_s{seed}_{steps}"
     if not (run_dir / "final_eval.json").is_file():
-        scone_jax("train", preset, *COMMON, *overrides, f"data.dataset={dataset}", f"train.seed={seed}",
-                  f"train.steps={steps}", f"run_dir={run_dir}", log=run_dir.with_suffix(".log"))
+        scone_jax(
+            "train",
+            preset,
+            *COMMON,
+            *overrides,
+            f"data.dataset={dataset}",
+            f"train.seed={seed}",
+            f"train.steps={steps}",
+            f"run_dir={run_dir}",
+            log=run_dir.with_suffix(".log"),
+        )
     return run_dir
 
 
@@ -149,10 +184,13 @@ def grid(args) -> None:
         dataset = dataset_for(corpus, out)
         if dataset is None:
             continue
-        for variant, seed, steps in itertools.product(args.variants.split(","), args.seeds.split(","),
-                                                      args.steps.split(",")):
+        for variant, seed, steps in itertools.product(
+            args.variants.split(","), args.seeds.split(","), args.steps.split(",")
+        ):
             points.append((dataset, corpus, variant, int(seed), int(steps)))
-    points.sort(key=lambda p: (p[4], p[3]))  # shorter runs and lower seeds first: partial grids are balanced
+    points.sort(
+        key=lambda p: (p[4], p[3])
+    )  # shorter runs and lower seeds first: partial grids are balanced
 
     def one(point):
         run_dir = run_point(out, *point)
@@ -167,10 +205,15 @@ def summarize_run(run_dir: Path) -> dict:
     final = json.loads((run_dir / "final_eval.json").read_text())["results"]["heldout"]
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [m for m in metrics if m.get("kind", "train") == "train" and "step_flops" in m]
-    return {"perplexity": final["perplexity"], "bits_per_byte": final["bits_per_byte"],
-            "train_flops": float(sum(m["step_flops"] for m in train)),
-            "match_rate": float(np.mean([m["match_rate"] for m in train])) if train and "match_rate" in train[0] else 0.0,
-            "final_train_loss": float(np.mean([m["loss"] for m in train[-20:]]))}
+    return {
+        "perplexity": final["perplexity"],
+        "bits_per_byte": final["bits_per_byte"],
+        "train_flops": float(sum(m["step_flops"] for m in train)),
+        "match_rate": float(np.mean([m["match_rate"] for m in train]))
+        if train and "match_rate" in train[0]
+        else 0.0,
+        "final_train_loss": float(np.mean([m["loss"] for m in train[-20:]])),
+    }
 
 
 def report(args) -> None:
@@ -181,30 +224,60 @@ def report(args) -> None:
             continue
         variant_seed, steps = run_dir.name.rsplit("_", 1)
         variant, seed = variant_seed.rsplit("_s", 1)
-        rows.append({"corpus": run_dir.parent.name, "variant": variant, "seed": int(seed), "steps": int(steps),
-                     **summarize_run(run_dir)})
+        rows.append(
+            {
+                "corpus": run_dir.parent.name,
+                "variant": variant,
+                "seed": int(seed),
+                "steps": int(steps),
+                **summarize_run(run_dir),
+            }
+        )
     results.mkdir(parents=True, exist_ok=True)
     (results / "runs.json").write_text(json.dumps(rows, indent=1) + "\n")
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["corpus"], r["steps"], r["variant"]), []).append(r)
-    lines = ["| corpus | steps | variant | seeds | held-out perplexity (mean ± sd) | vs baseline (mean, min..max over seeds) "
-             "| training FLOPs vs baseline | match rate |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| corpus | steps | variant | seeds | held-out perplexity (mean ± sd) | vs baseline (mean, "
+        "min..max over seeds) | training FLOPs vs baseline | match rate |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     summary = []
     for (corpus, steps, variant), runs in sorted(groups.items()):
         ppl = np.array([r["perplexity"] for r in runs])
         base = {r["seed"]: r for r in groups.get((corpus, steps, baseline_of(variant)), [])}
-        paired = [r["perplexity"] / base[r["seed"]]["perplexity"] - 1 for r in runs if r["seed"] in base]
-        flops = np.mean([r["train_flops"] for r in runs]) / np.mean([b["train_flops"] for b in base.values()]) \
-            if base else float("nan")
-        gain = (f"{100 * np.mean(paired):+.1f}% ({100 * min(paired):+.1f}..{100 * max(paired):+.1f})"
-                if paired and variant != baseline_of(variant) else "")
-        lines.append(f"| {corpus} | {steps} | {variant} | {len(runs)} | {ppl.mean():.2f} ± {ppl.std(ddof=1) if len(ppl) > 1 else 0:.2f} "
-                     f"| {gain} | {flops:.2f}x | {np.mean([r['match_rate'] for r in runs]):.2f} |")
-        summary.append({"corpus": corpus, "steps": steps, "variant": variant, "seeds": len(runs),
-                        "perplexity_mean": float(ppl.mean()), "perplexity_sd": float(ppl.std(ddof=1)) if len(ppl) > 1 else 0.0,
-                        "change_vs_baseline": float(np.mean(paired)) if paired else None,
-                        "train_flops_vs_baseline": float(flops)})
+        paired = [
+            r["perplexity"] / base[r["seed"]]["perplexity"] - 1 for r in runs if r["seed"] in base
+        ]
+        flops = (
+            np.mean([r["train_flops"] for r in runs])
+            / np.mean([b["train_flops"] for b in base.values()])
+            if base
+            else float("nan")
+        )
+        gain = (
+            f"{100 * np.mean(paired):+.1f}% ({100 * min(paired):+.1f}..{100 * max(paired):+.1f})"
+            if paired and variant != baseline_of(variant)
+            else ""
+        )
+        lines.append(
+            f"| {corpus} | {steps} | {variant} | {len(runs)} | {ppl.mean():.2f} ± "
+            f"{ppl.std(ddof=1) if len(ppl) > 1 else 0:.2f} | {gain} | {flops:.2f}x | "
+            f"{np.mean([r['match_rate'] for r in runs]):.2f} |"
+        )
+        summary.append(
+            {
+                "corpus": corpus,
+                "steps": steps,
+                "variant": variant,
+                "seeds": len(runs),
+                "perplexity_mean": float(ppl.mean()),
+                "perplexity_sd": float(ppl.std(ddof=1)) if len(ppl) > 1 else 0.0,
+                "change_vs_baseline": float(np.mean(paired)) if paired else None,
+                "train_flops_vs_baseline": float(flops),
+            }
+        )
     plot_changes(summary, results / "change_vs_baseline.png")
     (results / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (results / "summary.md").write_text("\n".join(lines) + "\n")
@@ -218,7 +291,11 @@ def plot_changes(summary: list[dict], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [r for r in summary if r["change_vs_baseline"] is not None and r["variant"] != baseline_of(r["variant"])]
+    points = [
+        r
+        for r in summary
+        if r["change_vs_baseline"] is not None and r["variant"] != baseline_of(r["variant"])
+    ]
     if not points:
         return
     cells = sorted({(r["corpus"], r["steps"]) for r in points})
@@ -226,11 +303,17 @@ def plot_changes(summary: list[dict], out: Path) -> None:
     width = 0.8 / len(variants)
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cells) * max(1, len(variants) / 2)), 4))
     for k, variant in enumerate(variants):
-        values = {(r["corpus"], r["steps"]): 100 * r["change_vs_baseline"] for r in points if r["variant"] == variant}
+        values = {
+            (r["corpus"], r["steps"]): 100 * r["change_vs_baseline"]
+            for r in points
+            if r["variant"] == variant
+        }
         xs = [i + k * width for i, c in enumerate(cells) if c in values]
         ax.bar(xs, [values[c] for c in cells if c in values], width, label=variant)
     ax.axhline(0, color="black", linewidth=0.8)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cells))], [f"{c}\n{s} steps" for c, s in cells])
+    ax.set_xticks(
+        [i + 0.4 - width / 2 for i in range(len(cells))], [f"{c}\n{s} steps" for c, s in cells]
+    )
     ax.set_ylabel("held-out perplexity vs baseline (%)")
     ax.set_title("SCONE against its own baseline (mean over seeds; lower is better)")
     ax.legend(fontsize=8)
@@ -240,7 +323,9 @@ def plot_changes(summary: list[dict], out: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("grid", help="train every (corpus, variant, seed, steps) point not yet done")
     g.add_argument("--corpora", default="embedded,wikitext,shakespeare,libdocs")

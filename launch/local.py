@@ -34,21 +34,37 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def process_env(base: dict[str, str], index: int, count: int, coordinator: str, devices: int) -> dict[str, str]:
+def process_env(
+    base: dict[str, str], index: int, count: int, coordinator: str, devices: int
+) -> dict[str, str]:
     """The environment of process `index`: the job description plus its fake CPU devices."""
-    xla_flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "", base.get("XLA_FLAGS", "")).strip()
+    xla_flags = re.sub(
+        r"--xla_force_host_platform_device_count=\S+", "", base.get("XLA_FLAGS", "")
+    ).strip()
     return {
-        "SCONE_COORDINATOR": coordinator, "SCONE_NUM_PROCESSES": str(count), "SCONE_PROCESS_ID": str(index),
-        "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1",
+        "SCONE_COORDINATOR": coordinator,
+        "SCONE_NUM_PROCESSES": str(count),
+        "SCONE_PROCESS_ID": str(index),
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONUNBUFFERED": "1",
         "XLA_FLAGS": f"{xla_flags} --xla_force_host_platform_device_count={devices}".strip(),
     }
 
 
 def build_commands(args) -> list[tuple[dict[str, str], list[str]]]:
     coordinator = f"{args.host}:{args.port or free_port(args.host)}"
-    command = list(args.args) if args.command else [args.python, "-m", "scone_jax.cli.main", *args.args]
-    return [(process_env(dict(os.environ), i, args.num_processes, coordinator, args.devices_per_process), command)
-            for i in range(args.num_processes)]
+    command = (
+        list(args.args) if args.command else [args.python, "-m", "scone_jax.cli.main", *args.args]
+    )
+    return [
+        (
+            process_env(
+                dict(os.environ), i, args.num_processes, coordinator, args.devices_per_process
+            ),
+            command,
+        )
+        for i in range(args.num_processes)
+    ]
 
 
 def _pump(stream, prefix: str, out) -> None:
@@ -61,8 +77,15 @@ def _pump(stream, prefix: str, out) -> None:
 def run(commands: list[tuple[dict[str, str], list[str]]], grace_s: float) -> int:
     procs, pumps = [], []
     for i, (env, command) in enumerate(commands):
-        p = subprocess.Popen(command, env={**os.environ, **env}, cwd=REPO, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, bufsize=1)
+        p = subprocess.Popen(
+            command,
+            env={**os.environ, **env},
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
         procs.append(p)
         for stream, out in ((p.stdout, sys.stdout), (p.stderr, sys.stderr)):
             t = threading.Thread(target=_pump, args=(stream, f"[p{i}] ", out), daemon=True)
@@ -81,14 +104,21 @@ def run(commands: list[tuple[dict[str, str], list[str]]], grace_s: float) -> int
         for i, p in enumerate(procs):
             if p.returncode not in (None, 0) and i not in reported:
                 reported.add(i)
-                print(f"local.py: process {i} exited with status {p.returncode}", file=sys.stderr, flush=True)
+                print(
+                    f"local.py: process {i} exited with status {p.returncode}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 if failed_at is None:
                     status, failed_at = p.returncode, time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > grace_s:
             for i, p in enumerate(procs):
                 if p.poll() is None and i not in killed:
-                    print(f"local.py: killing process {i} ({grace_s:g}s after the first failure)",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"local.py: killing process {i} ({grace_s:g}s after the first failure)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     p.kill()
                     killed.add(i)
         time.sleep(0.05)
@@ -96,27 +126,54 @@ def run(commands: list[tuple[dict[str, str], list[str]]], grace_s: float) -> int
         t.join()
     for i, p in enumerate(procs):
         if p.returncode and i not in reported:
-            print(f"local.py: process {i} exited with status {p.returncode}", file=sys.stderr, flush=True)
+            print(
+                f"local.py: process {i} exited with status {p.returncode}",
+                file=sys.stderr,
+                flush=True,
+            )
             status = status or p.returncode
     return status if status >= 0 else 128 - status  # killed by signal N -> 128 + N, like a shell
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="launch/local.py", description=__doc__.split("\n\n")[0],
-        usage="%(prog)s [options] N [scone-jax args ...]")
+        prog="launch/local.py",
+        description=__doc__.split("\n\n")[0],
+        usage="%(prog)s [options] N [scone-jax args ...]",
+    )
     parser.add_argument("num_processes", type=int, metavar="N", help="number of processes")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="scone-jax arguments (e.g. train CONFIG key=value)")
-    parser.add_argument("--devices-per-process", type=int, default=4, metavar="D",
-                        help="fake CPU devices in each process (default 4)")
+    parser.add_argument(
+        "args", nargs=argparse.REMAINDER, help="scone-jax arguments (e.g. train CONFIG key=value)"
+    )
+    parser.add_argument(
+        "--devices-per-process",
+        type=int,
+        default=4,
+        metavar="D",
+        help="fake CPU devices in each process (default 4)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="coordinator host (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=0, help="coordinator port (default: a free one)")
-    parser.add_argument("--grace", type=float, default=60.0, metavar="S",
-                        help="seconds the others get to stop after one fails, before they are killed (default 60)")
-    parser.add_argument("--python", default=sys.executable, help="interpreter for scone-jax (default: this one)")
-    parser.add_argument("--command", action="store_true",
-                        help="the arguments are a whole command (e.g. python script.py), not scone-jax arguments")
-    parser.add_argument("--dry-run", action="store_true", help="print each process's command and run nothing")
+    parser.add_argument(
+        "--port", type=int, default=0, help="coordinator port (default: a free one)"
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds the others get to stop after one fails, before they are killed (default 60)",
+    )
+    parser.add_argument(
+        "--python", default=sys.executable, help="interpreter for scone-jax (default: this one)"
+    )
+    parser.add_argument(
+        "--command",
+        action="store_true",
+        help="the arguments are a whole command (e.g. python script.py), not scone-jax arguments",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print each process's command and run nothing"
+    )
     args = parser.parse_args(argv)
     if args.num_processes < 1 or args.devices_per_process < 1:
         parser.error("N and --devices-per-process must be >= 1")

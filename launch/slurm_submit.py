@@ -21,8 +21,12 @@ SCRIPT = Path(__file__).resolve().with_name("slurm.sbatch")
 
 def sbatch_command(args) -> list[str]:
     cmd = ["sbatch", f"--nodes={args.nodes}", "--ntasks-per-node=1", f"--job-name={args.job_name}"]
-    for flag, value in (("--gpus-per-node", args.gpus_per_node), ("--partition", args.partition),
-                        ("--time", args.time), ("--account", args.account)):
+    for flag, value in (
+        ("--gpus-per-node", args.gpus_per_node),
+        ("--partition", args.partition),
+        ("--time", args.time),
+        ("--account", args.account),
+    ):
         if value:
             cmd.append(f"{flag}={value}")
     if args.requeue:
@@ -33,24 +37,42 @@ def sbatch_command(args) -> list[str]:
 def srun_command(args) -> str:
     """The line slurm.sbatch runs on the allocation (asked from the script itself)."""
     env = {**os.environ, "SCONE_DRY_RUN": "1"}
-    out = subprocess.run(["bash", str(SCRIPT), *args.args], env=env, check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        ["bash", str(SCRIPT), *args.args], env=env, check=True, capture_output=True, text=True
+    )
     return out.stdout.strip()
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="launch/slurm_submit.py", description=__doc__.split("\n\n")[0],
-                                     usage="%(prog)s [options] scone-jax-args ...")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="scone-jax arguments (e.g. train CONFIG key=value)")
+    parser = argparse.ArgumentParser(
+        prog="launch/slurm_submit.py",
+        description=__doc__.split("\n\n")[0],
+        usage="%(prog)s [options] scone-jax-args ...",
+    )
+    parser.add_argument(
+        "args", nargs=argparse.REMAINDER, help="scone-jax arguments (e.g. train CONFIG key=value)"
+    )
     parser.add_argument("--nodes", type=int, default=2, help="nodes = processes (default 2)")
-    parser.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (default: the partition's)")
+    parser.add_argument(
+        "--gpus-per-node", type=int, default=0, help="GPUs per node (default: the partition's)"
+    )
     parser.add_argument("--partition", default="", help="SLURM partition")
     parser.add_argument("--time", default="", help="time limit, e.g. 12:00:00")
     parser.add_argument("--account", default="", help="SLURM account")
     parser.add_argument("--job-name", default="scone-jax")
-    parser.add_argument("--requeue", action="store_true", help="let SLURM requeue the job (it resumes)")
-    parser.add_argument("--sbatch-arg", action="append", default=[], metavar="ARG",
-                        help="one more sbatch argument, e.g. --sbatch-arg=--qos=high (repeatable)")
-    parser.add_argument("--dry-run", action="store_true", help="print the sbatch and srun commands, submit nothing")
+    parser.add_argument(
+        "--requeue", action="store_true", help="let SLURM requeue the job (it resumes)"
+    )
+    parser.add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more sbatch argument, e.g. --sbatch-arg=--qos=high (repeatable)",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the sbatch and srun commands, submit nothing"
+    )
     args = parser.parse_args(argv)
     if not args.args:
         parser.error("nothing to run: give scone-jax arguments (e.g. train CONFIG)")

@@ -109,7 +109,9 @@ def atomic_dir(final: str | os.PathLike, overwrite: bool = False) -> Iterator[Pa
     """
     final = Path(final)
     if final.exists() and not overwrite:
-        raise UserError(f"output directory {final} already exists (expected a new path; remove it first)")
+        raise UserError(
+            f"output directory {final} already exists (expected a new path; remove it first)"
+        )
     check_output_path(final, "output directory")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))

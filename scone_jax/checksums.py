@@ -40,15 +40,23 @@ def file_crc32(path: str | os.PathLike) -> int:
 
 def manifest(files: dict[str, tuple[int, int]]) -> dict:
     """The manifest of files given as name -> (size, crc32)."""
-    return {"files": {name: {"size": size, "crc32": crc} for name, (size, crc) in sorted(files.items())}}
+    return {
+        "files": {name: {"size": size, "crc32": crc} for name, (size, crc) in sorted(files.items())}
+    }
 
 
 def write_manifest(directory: str | os.PathLike, names: Iterable[str] | None = None) -> None:
     """Record `names` (default: every file below `directory`); call once they are all written."""
     directory = Path(directory)
     if names is None:
-        names = (str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
-    files = {name: ((directory / name).stat().st_size, file_crc32(directory / name)) for name in names}
+        names = (
+            str(p.relative_to(directory))
+            for p in directory.rglob("*")
+            if p.is_file() and p.name != MANIFEST
+        )
+    files = {
+        name: ((directory / name).stat().st_size, file_crc32(directory / name)) for name in names
+    }
     atomic_write_json(directory / MANIFEST, manifest(files))
 
 
@@ -63,17 +71,28 @@ def verify_manifest(directory: str | os.PathLike, required: Iterable[str] = ()) 
         files = json.loads(manifest.read_bytes())["files"]
         listed = {str(name): (int(f["size"]), int(f["crc32"])) for name, f in files.items()}
     except (ValueError, TypeError, KeyError, AttributeError) as e:
-        raise ChecksumError(manifest, f"is corrupt ({type(e).__name__}: {e}); the artifact cannot be checked") from None
+        raise ChecksumError(
+            manifest, f"is corrupt ({type(e).__name__}: {e}); the artifact cannot be checked"
+        ) from None
     for name in required:
         if name not in listed:
-            raise ChecksumError(manifest, f"does not list {name} (expected every file of the artifact)")
+            raise ChecksumError(
+                manifest, f"does not list {name} (expected every file of the artifact)"
+            )
     for name, (size, crc) in listed.items():
         path = directory / name
         if not path.is_file():
             raise ChecksumError(path, f"is missing (listed in {manifest})")
         if path.stat().st_size != size:
-            raise ChecksumError(path, f"has {path.stat().st_size} bytes (expected {size}); the file is truncated or corrupt")
+            raise ChecksumError(
+                path,
+                f"has {path.stat().st_size} bytes (expected {size}); the file is truncated or "
+                "corrupt",
+            )
         actual = file_crc32(path)
         if actual != crc:
-            raise ChecksumError(path, f"fails its checksum (crc32 {actual:08x}, expected {crc:08x}); the file is corrupt")
+            raise ChecksumError(
+                path,
+                f"fails its checksum (crc32 {actual:08x}, expected {crc:08x}); the file is corrupt",
+            )
     return True

@@ -12,9 +12,13 @@ import pytest  # noqa: E402
 
 
 def _shared_data() -> Path:
-    """../shared/data beside the checkout; SCONE_SHARED_DATA or /work/shared/data for clones elsewhere."""
-    candidates = [os.environ.get("SCONE_SHARED_DATA", ""), Path(__file__).resolve().parents[2] / "shared" / "data",
-                  "/work/shared/data"]
+    """../shared/data beside the checkout; SCONE_SHARED_DATA or /work/shared/data for clones
+    elsewhere."""
+    candidates = [
+        os.environ.get("SCONE_SHARED_DATA", ""),
+        Path(__file__).resolve().parents[2] / "shared" / "data",
+        "/work/shared/data",
+    ]
     for candidate in candidates:
         if candidate and Path(candidate).is_dir():
             return Path(candidate)
@@ -24,8 +28,9 @@ def _shared_data() -> Path:
 SHARED_DATA = _shared_data()
 
 
-def markov_documents(rng: np.random.Generator, vocab: int, num_docs: int, mean_len: int,
-                     branching: int = 3) -> list[np.ndarray]:
+def markov_documents(
+    rng: np.random.Generator, vocab: int, num_docs: int, mean_len: int, branching: int = 3
+) -> list[np.ndarray]:
     """Documents from a sparse random Markov chain: learnable structure, fresh each call."""
     successors = rng.integers(1, vocab, size=(vocab, branching))
     docs = []
@@ -44,8 +49,14 @@ def make_dataset(path: Path, docs, vocab: int, tokenizer_sha256: str = "t" * 64)
     from scone_jax.data.dataset import TokenizedDataset, write_dataset
 
     path.mkdir(parents=True)
-    write_dataset(path, docs, vocab, np.ones(vocab, np.int32), tokenizer_sha256=tokenizer_sha256,
-                  corpus_sha256="c" * 64)
+    write_dataset(
+        path,
+        docs,
+        vocab,
+        np.ones(vocab, np.int32),
+        tokenizer_sha256=tokenizer_sha256,
+        corpus_sha256="c" * 64,
+    )
     return TokenizedDataset.open(path)
 
 

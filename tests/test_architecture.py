@@ -36,11 +36,15 @@ def imports(path: Path, package: Path = PACKAGE) -> list[tuple[str, int]]:
             out += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: resolve against the file's package
-                base = path.relative_to(package.parent).with_suffix("").parts[:-node.level]
+                base = path.relative_to(package.parent).with_suffix("").parts[: -node.level]
                 module = ".".join(base + ((node.module,) if node.module else ()))
             else:
                 module = node.module or ""
-            names = [f"{module}.{alias.name}" for alias in node.names] if module == "scone_jax" else [module]
+            names = (
+                [f"{module}.{alias.name}" for alias in node.names]
+                if module == "scone_jax"
+                else [module]
+            )
             out += [(name, node.lineno) for name in names]
     return out
 
@@ -71,7 +75,7 @@ def find_cycle(edges) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         state[node] = 2
@@ -87,7 +91,11 @@ def find_cycle(edges) -> list[str] | None:
 def broken_rules(edges) -> list[str]:
     out = []
     for (src, dst), where in sorted(edges.items()):
-        if dst == "cli" or dst in FORBIDDEN.get(src, ()) or (src in LEAVES and dst not in LEAF_ALLOWED):
+        if (
+            dst == "cli"
+            or dst in FORBIDDEN.get(src, ())
+            or (src in LEAVES and dst not in LEAF_ALLOWED)
+        ):
             out += [f"{w} ({src} must not import {dst})" for w in where]
     return out
 
@@ -95,8 +103,12 @@ def broken_rules(edges) -> list[str]:
 def test_folder_import_graph_is_a_dag():
     edges = import_edges()
     cycle = find_cycle(edges)
-    assert cycle is None, "import cycle " + " -> ".join(cycle) + ":\n" + "\n".join(
-        edges[(a, b)][0] for a, b in zip(cycle, cycle[1:]))
+    assert cycle is None, (
+        "import cycle "
+        + " -> ".join(cycle)
+        + ":\n"
+        + "\n".join(edges[(a, b)][0] for a, b in zip(cycle, cycle[1:]))
+    )
 
 
 def test_imports_keep_the_rules_of_the_house():
@@ -108,14 +120,18 @@ def test_imports_keep_the_rules_of_the_house():
 
 def test_the_checks_find_a_cycle_and_a_broken_rule_hidden_in_a_function(tmp_path):
     pkg = tmp_path / "scone_jax"
-    for part, body in {"model": "from scone_jax.errors import UserError\n",
-                       "train": "from scone_jax.model import layers\n",
-                       "serve": "def f():\n    from scone_jax.train import loop\n",
-                       "export": "import scone_jax.serve.engine\n"}.items():
+    for part, body in {
+        "model": "from scone_jax.errors import UserError\n",
+        "train": "from scone_jax.model import layers\n",
+        "serve": "def f():\n    from scone_jax.train import loop\n",
+        "export": "import scone_jax.serve.engine\n",
+    }.items():
         (pkg / part).mkdir(parents=True)
         (pkg / part / "__init__.py").write_text("")
         (pkg / part / "a.py").write_text(body)
     (pkg / "train" / "b.py").write_text("def g():\n    from ..export import x\n")
     edges = import_edges(pkg)
     assert find_cycle(edges) == ["export", "serve", "train", "export"]
-    assert broken_rules(edges) == ["scone_jax/serve/a.py:2 imports scone_jax.train (serve must not import train)"]
+    assert broken_rules(edges) == [
+        "scone_jax/serve/a.py:2 imports scone_jax.train (serve must not import train)"
+    ]

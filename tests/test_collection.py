@@ -17,7 +17,9 @@ def ci_targets() -> list[str]:
 
 def pytest_arguments(target: str) -> list[list[str]]:
     """The pytest arguments of each `-m pytest` line in the target's recipe (workers dropped)."""
-    recipe = re.search(rf"^{re.escape(target)}:.*\n((?:\t.*\n)*)", (REPO / "Makefile").read_text(), re.M)
+    recipe = re.search(
+        rf"^{re.escape(target)}:.*\n((?:\t.*\n)*)", (REPO / "Makefile").read_text(), re.M
+    )
     assert recipe, f"Makefile has no target {target!r}, which .ci/run calls"
     invocations = []
     for line in recipe.group(1).splitlines():
@@ -25,17 +27,28 @@ def pytest_arguments(target: str) -> list[list[str]]:
             args = shlex.split(line.split("-m pytest", 1)[1])
             while "-n" in args:
                 i = args.index("-n")
-                del args[i:i + 2]
+                del args[i : i + 2]
             invocations.append(args)
     return invocations
 
 
 def collected_files(args: list[str]) -> set[str]:
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", *args],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, f"pytest {' '.join(args)} cannot collect:\n{out.stdout[-3000:]}{out.stderr[-2000:]}"
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, (
+        f"pytest {' '.join(args)} cannot collect:\n{out.stdout[-3000:]}{out.stderr[-2000:]}"
+    )
     # "-q" lists node ids (path::test), "-qq" counts per file (path: N)
-    return {re.split(r"::|: ", line, maxsplit=1)[0] for line in out.stdout.splitlines() if line.startswith("tests/")}
+    return {
+        re.split(r"::|: ", line, maxsplit=1)[0]
+        for line in out.stdout.splitlines()
+        if line.startswith("tests/")
+    }
 
 
 def test_every_test_file_is_collected_by_a_ci_target():

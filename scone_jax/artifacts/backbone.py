@@ -38,8 +38,14 @@ def unflatten(flat: dict[str, np.ndarray]) -> dict:
     return tree
 
 
-def write_backbone(out: str | Path, params: dict, model_section: dict, tokenizer: Path | None, meta: dict,
-                   overwrite: bool) -> None:
+def write_backbone(
+    out: str | Path,
+    params: dict,
+    model_section: dict,
+    tokenizer: Path | None,
+    meta: dict,
+    overwrite: bool,
+) -> None:
     with atomic_dir(out, overwrite=overwrite) as tmp:
         buffer = io.BytesIO()
         np.savez(buffer, **flatten(params))
@@ -59,7 +65,12 @@ def load_backbone(directory: str | Path) -> tuple[dict, dict, dict]:
         with np.load(directory / "params.npz", allow_pickle=False) as data:
             flat = {k: data[k] for k in data.files}
     except (OSError, ValueError, KeyError) as e:
-        raise UserError(f"{directory} is not a readable exported backbone: {str(e).splitlines()[0]}") from None
+        raise UserError(
+            f"{directory} is not a readable exported backbone: {str(e).splitlines()[0]}"
+        ) from None
     if meta.get("format_version") != FORMAT_VERSION:
-        raise UserError(f"{directory}/meta.json: format_version={meta.get('format_version')!r} (expected {FORMAT_VERSION})")
+        raise UserError(
+            f"{directory}/meta.json: format_version={meta.get('format_version')!r} (expected "
+            f"{FORMAT_VERSION})"
+        )
     return unflatten(flat), model, meta

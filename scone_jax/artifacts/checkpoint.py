@@ -32,7 +32,9 @@ ITEM = "default"  # the one item of each step directory: orbax's name for it
 
 
 class Checkpointer:
-    def __init__(self, directory: str | os.PathLike, every: int, keep: int, async_save: bool = True):
+    def __init__(
+        self, directory: str | os.PathLike, every: int, keep: int, async_save: bool = True
+    ):
         self.directory = Path(directory).absolute()
         self.every = every
         options = ocp.CheckpointManagerOptions(
@@ -72,7 +74,9 @@ class Checkpointer:
         so no optimizer is built to restore a run; `shardings_of(state_shapes)` places it all."""
         verify_manifest(self.step_dir(step))
         meta = ocp.StandardCheckpointHandler().metadata(self.step_dir(step) / ITEM)
-        saved = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), getattr(meta, "tree", meta))
+        saved = jax.tree.map(
+            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), getattr(meta, "tree", meta)
+        )
         state_shapes = {**saved, "params": param_shapes}
         return self._restore(step, state_shapes, shardings_of(state_shapes))["params"]
 
@@ -102,8 +106,10 @@ class Checkpointer:
                 self._seal_finished()
             return state
         if damaged:
-            raise UserError(f"every checkpoint in {self.directory} is damaged (newest: {damaged[0][1]}); "
-                            "move them away to train from scratch")
+            raise UserError(
+                f"every checkpoint in {self.directory} is damaged (newest: {damaged[0][1]}); "
+                "move them away to train from scratch"
+            )
         return None
 
     def wait(self) -> None:
@@ -128,7 +134,9 @@ class Checkpointer:
         try:
             return self.manager.restore(step, args=ocp.args.StandardRestore(target))
         except (ValueError, KeyError, FileNotFoundError) as e:
-            raise UserError(f"checkpoint {self.step_dir(step)} cannot be restored: {str(e).splitlines()[0]}") from None
+            raise UserError(
+                f"checkpoint {self.step_dir(step)} cannot be restored: {str(e).splitlines()[0]}"
+            ) from None
 
     def _seal_finished(self) -> None:
         """Write the manifest of each committed save once no save is running (process 0 only)."""
@@ -150,8 +158,12 @@ class Checkpointer:
             for step, error in damaged:
                 target = Path(tempfile.mkdtemp(prefix=f"{step}.", dir=aside))
                 os.replace(self.step_dir(step), target)
-                print(f"warning: checkpoint {step} is damaged ({error}); moved it to {target} and resuming "
-                      "from the newest intact checkpoint", file=sys.stderr, flush=True)
+                print(
+                    f"warning: checkpoint {step} is damaged ({error}); moved it to {target} and "
+                    "resuming from the newest intact checkpoint",
+                    file=sys.stderr,
+                    flush=True,
+                )
         barrier("damaged-checkpoints-set-aside")
         self.manager.reload()
 
@@ -166,5 +178,6 @@ class Checkpointer:
 
 
 def abstract_with_shardings(state_shapes, shardings):
-    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                        state_shapes, shardings)
+    return jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), state_shapes, shardings
+    )

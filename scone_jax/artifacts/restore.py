@@ -1,4 +1,5 @@
-"""Restore a run's parameters (no data pipeline, no optimizer) for export, serving and evaluation."""
+"""Restore a run's parameters (no data pipeline, no optimizer) for export, serving and
+evaluation."""
 
 from __future__ import annotations
 
@@ -38,35 +39,58 @@ class RunParams:
         return self.handle.merge(self.params)
 
 
-def load_run_params(run_dir: str | Path, step: int | None = None, mesh: Mesh | None = None) -> RunParams:
+def load_run_params(
+    run_dir: str | Path, step: int | None = None, mesh: Mesh | None = None
+) -> RunParams:
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir)
     info_path = run_dir / RUN_INFO_FILE
     if not info_path.is_file():
-        raise UserError(f"{run_dir} has no {RUN_INFO_FILE} (expected a run directory made by `scone-jax train`)")
+        raise UserError(
+            f"{run_dir} has no {RUN_INFO_FILE} (expected a run directory made by `scone-jax train`)"
+        )
     info = json.loads(info_path.read_text())
     mesh = mesh or make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     rules = make_rules(cfg.mesh.rules)
     handle, abstract_params = split_model(build_model_fn(cfg, info["vocab_size"]), cfg.train.seed)
-    ckpt = Checkpointer(checkpoints_dir(run_dir), cfg.checkpoint.every, cfg.checkpoint.keep, async_save=False)
+    ckpt = Checkpointer(
+        checkpoints_dir(run_dir), cfg.checkpoint.every, cfg.checkpoint.keep, async_save=False
+    )
     try:
         step = ckpt.latest_step() if step is None else step
         if step is None:
             raise UserError(f"run {run_dir} has no checkpoint")
         if step not in ckpt.manager.all_steps():
-            raise UserError(f"run {run_dir} has no checkpoint at step {step} (has {sorted(ckpt.manager.all_steps())})")
+            raise UserError(
+                f"run {run_dir} has no checkpoint at step {step} (has "
+                f"{sorted(ckpt.manager.all_steps())})"
+            )
         # optimizer moments shaped like the params are sharded like them
-        params = ckpt.restore_params(step, abstract_params,
-                                     lambda shapes: state_shardings(shapes, handle.logical_axes, mesh, rules))
+        params = ckpt.restore_params(
+            step,
+            abstract_params,
+            lambda shapes: state_shardings(shapes, handle.logical_axes, mesh, rules),
+        )
     finally:
         ckpt.close()
-    digest = hashlib.sha256((run_dir / CONFIG_FILE).read_bytes() + info_path.read_bytes() + str(step).encode())
-    return RunParams(cfg=cfg, info=info, step=step, handle=handle, params=params, mesh=mesh,
-                     rules=rules, fingerprint=digest.hexdigest())
+    digest = hashlib.sha256(
+        (run_dir / CONFIG_FILE).read_bytes() + info_path.read_bytes() + str(step).encode()
+    )
+    return RunParams(
+        cfg=cfg,
+        info=info,
+        step=step,
+        handle=handle,
+        params=params,
+        mesh=mesh,
+        rules=rules,
+        fingerprint=digest.hexdigest(),
+    )
 
 
 def host_params(run: RunParams) -> Any:
-    """The params as numpy arrays on every process (in a multi-process job, gathered from all of them)."""
+    """The params as numpy arrays on every process (in a multi-process job, gathered from all of
+    them)."""
     return multihost_utils.process_allgather(run.params, tiled=True)
 
 

@@ -19,8 +19,17 @@ RUN_INFO_FILE = "run_info.json"  # what later stages need without the data pipel
 CHECKPOINTS_DIR = "checkpoints"  # orbax's step directories (artifacts/checkpoint.py)
 FINAL_EVAL_FILE = "final_eval.json"  # held-out results at the last step: a finished run has one
 # keys that may change between restarts of the same run
-MUTABLE_PREFIXES = ("run_dir", "logging.", "train.eval_every", "train.eval_batches", "train.log_every",
-                    "checkpoint.every", "checkpoint.keep", "checkpoint.async_save", "data.eval_datasets")
+MUTABLE_PREFIXES = (
+    "run_dir",
+    "logging.",
+    "train.eval_every",
+    "train.eval_batches",
+    "train.log_every",
+    "checkpoint.every",
+    "checkpoint.keep",
+    "checkpoint.async_save",
+    "data.eval_datasets",
+)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -35,8 +44,11 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 def config_differences(old: Config, new: Config) -> list[str]:
     a, b = _flatten(to_dict(old)), _flatten(to_dict(new))
-    return [k for k in sorted(set(a) | set(b))
-            if a.get(k) != b.get(k) and not k.startswith(MUTABLE_PREFIXES)]
+    return [
+        k
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k) and not k.startswith(MUTABLE_PREFIXES)
+    ]
 
 
 def check_run_dir(cfg: Config) -> Path:
@@ -47,11 +59,15 @@ def check_run_dir(cfg: Config) -> Path:
     if saved.is_file():
         differs = config_differences(load_config(saved), cfg)
         if differs:
-            raise UserError(f"run_dir {run_dir} holds a run with a different config (differs in "
-                            f"{', '.join(differs[:5])}); use a new run_dir or the same config to resume")
+            raise UserError(
+                f"run_dir {run_dir} holds a run with a different config (differs in "
+                f"{', '.join(differs[:5])}); use a new run_dir or the same config to resume"
+            )
     elif run_dir.exists() and any(run_dir.iterdir()):
-        raise UserError(f"run_dir {run_dir} exists and is not a scone_jax run directory (no {CONFIG_FILE}); "
-                        "expected a new or empty directory")
+        raise UserError(
+            f"run_dir {run_dir} exists and is not a scone_jax run directory (no {CONFIG_FILE}); "
+            "expected a new or empty directory"
+        )
     return run_dir
 
 
@@ -72,7 +88,8 @@ def checkpoints_dir(run_dir: str | Path) -> Path:
 
 
 def require_checkpoint(run_dir: str | Path, step: int | None = None) -> int:
-    """The checkpoint step of a run to read (the latest when `step` is None), checked before any setup.
+    """The checkpoint step of a run to read (the latest when `step` is None), checked before any
+    setup.
 
     Reads the step directories' names rather than opening orbax, which would create
     RUN_DIR/checkpoints in a run that has none.
@@ -80,10 +97,16 @@ def require_checkpoint(run_dir: str | Path, step: int | None = None) -> int:
     if not (Path(run_dir) / CONFIG_FILE).is_file():
         raise UserError(f"{run_dir} is not a run directory (no {CONFIG_FILE})")
     directory = checkpoints_dir(run_dir)
-    steps = sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit()) \
-        if directory.is_dir() else []
+    steps = (
+        sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+        if directory.is_dir()
+        else []
+    )
     if not steps:
-        raise UserError(f"run {run_dir} has no checkpoint (expected {directory}/<step> written by `scone-jax train`)")
+        raise UserError(
+            f"run {run_dir} has no checkpoint (expected {directory}/<step> written by `scone-jax "
+            "train`)"
+        )
     if step is not None and step not in steps:
         raise UserError(f"run {run_dir} has no checkpoint at step {step} (expected one of {steps})")
     return steps[-1] if step is None else step

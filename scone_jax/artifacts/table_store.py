@@ -65,8 +65,12 @@ def parse_location(url: str) -> Location:
     if scheme in ("gs", "s3"):
         bucket, _, path = rest.partition("/")
         driver = "gcs" if scheme == "gs" else "s3"
-        return Location(url, {"driver": driver, "bucket": bucket, "path": path.rstrip("/") + "/"}, None)
-    raise UserError(f"table URL {url!r} has an unknown scheme (expected a path, file://, memory://, gs:// or s3://)")
+        return Location(
+            url, {"driver": driver, "bucket": bucket, "path": path.rstrip("/") + "/"}, None
+        )
+    raise UserError(
+        f"table URL {url!r} has an unknown scheme (expected a path, file://, memory://, gs:// or s3://)"
+    )
 
 
 def kvstore(loc: Location) -> ts.KvStore:
@@ -100,7 +104,9 @@ def progress_key(process_index: int) -> str:
 
 def progress_keys(loc: Location) -> list[str]:
     """The progress files at `loc`, of every process of every earlier try."""
-    keys = kvstore(loc).list(ts.KvStore.KeyRange("progress.", "progress/")).result()  # the prefix "progress."
+    keys = (
+        kvstore(loc).list(ts.KvStore.KeyRange("progress.", "progress/")).result()
+    )  # the prefix "progress."
     return sorted(k.decode() for k in keys)
 
 
@@ -116,7 +122,9 @@ def default_chunk_rows(width: int, dtype: str, shard_rows: int) -> int:
     return math.gcd(rows, shard_rows)
 
 
-def array_spec(loc: Location, name: str, shape, dtype: str, chunk_rows: int, shard_rows: int) -> dict:
+def array_spec(
+    loc: Location, name: str, shape, dtype: str, chunk_rows: int, shard_rows: int
+) -> dict:
     inner = [chunk_rows, *shape[1:]]
     outer = [shard_rows, *shape[1:]]
     return {
@@ -126,17 +134,32 @@ def array_spec(loc: Location, name: str, shape, dtype: str, chunk_rows: int, sha
             "shape": list(shape),
             "data_type": dtype,
             "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": outer}},
-            "codecs": [{"name": "sharding_indexed", "configuration": {
-                "chunk_shape": inner,
-                "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
-                "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
-            }}],
+            "codecs": [
+                {
+                    "name": "sharding_indexed",
+                    "configuration": {
+                        "chunk_shape": inner,
+                        "codecs": [
+                            {"name": "bytes", "configuration": {"endian": "little"}},
+                            {"name": "crc32c"},
+                        ],
+                        "index_codecs": [
+                            {"name": "bytes", "configuration": {"endian": "little"}},
+                            {"name": "crc32c"},
+                        ],
+                    },
+                }
+            ],
         },
     }
 
 
 def create_array(loc: Location, name: str, shape, dtype: str, chunk_rows: int, shard_rows: int):
-    spec = {**array_spec(loc, name, shape, dtype, chunk_rows, shard_rows), "create": True, "open": True}
+    spec = {
+        **array_spec(loc, name, shape, dtype, chunk_rows, shard_rows),
+        "create": True,
+        "open": True,
+    }
     return ts.open(spec, context=SHARED_CONTEXT).result()
 
 
@@ -145,7 +168,9 @@ def open_array(loc: Location, name: str, context: ts.Context | None = None):
     try:
         return ts.open(spec, context=context or SHARED_CONTEXT, read=True).result()
     except Exception as e:  # tensorstore raises ValueError subclasses with status text
-        raise UserError(f"table array {loc.url}/{name} cannot be opened: {str(e).splitlines()[0]}") from None
+        raise UserError(
+            f"table array {loc.url}/{name} cannot be opened: {str(e).splitlines()[0]}"
+        ) from None
 
 
 def quantize(rows: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray | None]:

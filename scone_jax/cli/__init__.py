@@ -1,1 +1,2 @@
-"""The `scone-jax` command line: argument parsing and error reporting only; logic lives in the stages."""
+"""The `scone-jax` command line: argument parsing and error reporting only; logic lives in the
+stages."""

@@ -9,14 +9,17 @@ def register(sub) -> None:
     p = sub.add_parser(
         "demo",
         help="run the main job end to end on the embedded default corpus",
-        description="Build the default corpus from the installed Python standard library's docstrings, "
-        "train a sentencepiece tokenizer, tokenize, count f-grams on the training split, train the tiny "
-        "SCONE preset (experiments/demo.yaml) on a device mesh with checkpoints, export the f-gram table "
-        "and the backbone, evaluate held-out perplexity with the live f-gram model and with the table in "
-        "host RAM, generate a sample, and print where everything went. Rerunning resumes or reuses.",
+        description="Build the default corpus from the installed Python standard library's "
+        "docstrings, train a sentencepiece tokenizer, tokenize, count f-grams on the training "
+        "split, train the tiny SCONE preset (experiments/demo.yaml) on a device mesh with "
+        "checkpoints, export the f-gram table and the backbone, evaluate held-out perplexity with "
+        "the live f-gram model and with the table in host RAM, generate a sample, and print where "
+        "everything went. Rerunning resumes or reuses.",
     )
     p.add_argument("--out", default="demo_out", help="output directory")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for the demo run")
+    p.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="config overrides for the demo run"
+    )
     p.set_defaults(func=run)
 
 
@@ -49,18 +52,31 @@ def run(args) -> int:
     tokenizer = dataset_tokenizer(TokenizedDataset.open(run_dir / "dataset"))
     engine = engine_from_run(run_dir, str(table), "host")
     prompt = "Return the"
-    sample = generate(engine, [tokenizer.encode(prompt)], 24, Sampling(temperature=0.8, top_k=40), seed=0,
-                      eos_id=tokenizer.eos_id)[0]
+    sample = generate(
+        engine,
+        [tokenizer.encode(prompt)],
+        24,
+        Sampling(temperature=0.8, top_k=40),
+        seed=0,
+        eos_id=tokenizer.eos_id,
+    )[0]
     print("\nscone-jax demo finished. Outputs:")
     print(f"  run directory      {run_dir}")
     print(f"  resolved config    {run_dir / CONFIG_FILE}")
     print(f"  tokenized dataset  {run_dir / 'dataset'} (tokenizer: dataset/tokenizer.model)")
     print(f"  f-gram set         {run_dir / 'fgrams'} (stats.json, stats.png)")
     print(f"  checkpoints        {checkpoints_dir(run_dir)}")
-    print(f"  metrics (JSONL)    {run_dir / 'metrics.jsonl'}; tensorboard: {run_dir / 'tensorboard'}")
+    print(
+        f"  metrics (JSONL)    {run_dir / 'metrics.jsonl'}; tensorboard: {run_dir / 'tensorboard'}"
+    )
     print(f"  f-gram table       {table}")
     print(f"  backbone export    {backbone}")
-    print(f"  held-out perplexity: live f-gram model {live['perplexity']:.2f}, "
-          f"exported table {served['perplexity']:.2f} (bits/byte {served['bits_per_byte']:.3f})")
-    print(f"  sample: {prompt!r} -> {tokenizer.decode([t for t in sample if t != tokenizer.eos_id])!r}")
+    print(
+        f"  held-out perplexity: live f-gram model {live['perplexity']:.2f}, "
+        f"exported table {served['perplexity']:.2f} (bits/byte {served['bits_per_byte']:.3f})"
+    )
+    print(
+        f"  sample: {prompt!r} -> "
+        f"{tokenizer.decode([t for t in sample if t != tokenizer.eos_id])!r}"
+    )
     return 0

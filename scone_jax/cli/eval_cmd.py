@@ -12,20 +12,36 @@ def register(sub) -> None:
     p = sub.add_parser(
         "eval",
         help="held-out perplexity and bits per byte of a run's checkpoint",
-        description="Evaluate the latest (or --step) checkpoint of RUN_DIR on the run's held-out split "
-        "and on any extra tokenized datasets (made with `scone-jax tokenize` and the run's tokenizer). "
-        "With --table, the f-gram embeddings come from an exported table (in the --tier given) instead of "
-        "the live f-gram model. Prints one line per eval set, and JSON with --json.",
+        description="Evaluate the latest (or --step) checkpoint of RUN_DIR on the run's held-out "
+        "split and on any extra tokenized datasets (made with `scone-jax tokenize` and the run's "
+        "tokenizer). With --table, the f-gram embeddings come from an exported table (in the "
+        "--tier given) instead of the live f-gram model. Prints one line per eval set, and JSON "
+        "with --json.",
     )
     p.add_argument("run_dir", help="a run directory made by `scone-jax train`")
-    p.add_argument("--dataset", action="append", default=[], metavar="DIR",
-                   help="an extra named eval set (a tokenized dataset directory); repeatable")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step to evaluate (default: latest)")
-    p.add_argument("--table", default=None, metavar="URL",
-                   help="evaluate through the serving path with this exported f-gram table "
-                   "(default: the live f-gram model from the checkpoint)")
-    p.add_argument("--tier", default="host", choices=("device", "host", "disk"),
-                   help="where the table lives during evaluation")
+    p.add_argument(
+        "--dataset",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="an extra named eval set (a tokenized dataset directory); repeatable",
+    )
+    p.add_argument(
+        "--step", type=int, default=None, help="checkpoint step to evaluate (default: latest)"
+    )
+    p.add_argument(
+        "--table",
+        default=None,
+        metavar="URL",
+        help="evaluate through the serving path with this exported f-gram table "
+        "(default: the live f-gram model from the checkpoint)",
+    )
+    p.add_argument(
+        "--tier",
+        default="host",
+        choices=("device", "host", "disk"),
+        help="where the table lives during evaluation",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     distributed_args.add_cli_arguments(p)
     p.set_defaults(func=run)
@@ -38,11 +54,15 @@ def run(args) -> int:
     with distributed.failures_reported():
         out = evaluate_run(args.run_dir, args.dataset, args.step, args.table, args.tier)
     if topology and topology.process_id != 0:
-        return 0  # every process evaluates (restore and eval steps are collective); process 0 reports
+        return (
+            0  # every process evaluates (restore and eval steps are collective); process 0 reports
+        )
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
     for name, r in out["results"].items():
-        print(f"step {out['step']} {name}: loss {r['loss']:.4f}  perplexity {r['perplexity']:.3f}  "
-              f"bits/byte {r['bits_per_byte']:.4f}  ({int(r['tokens']):,} tokens)")
+        print(
+            f"step {out['step']} {name}: loss {r['loss']:.4f}  perplexity {r['perplexity']:.3f}  "
+            f"bits/byte {r['bits_per_byte']:.4f}  ({int(r['tokens']):,} tokens)"
+        )
     return 0

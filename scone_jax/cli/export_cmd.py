@@ -10,25 +10,38 @@ def register(sub) -> None:
     p = sub.add_parser(
         "export",
         help="write the f-gram table (and the backbone) of a trained SCONE run for serving",
-        description="Run the f-gram model of RUN_DIR's checkpoint over every f-gram and write the [S, d] "
-        "table with tensorstore (zarr3) to --out: a local path or a kvstore URL (file://, memory://, "
-        "gs://BUCKET/PATH, s3://BUCKET/PATH). The table becomes visible only when complete; rerunning an "
-        "interrupted export resumes it. --backbone-out also writes the backbone's parameters as params.npz "
-        "+ config.yaml + meta.json (readable without orbax). In a multi-process job (docs/launch.md) each "
-        "process computes and writes its own shards of the table, and process 0 commits it.",
+        description="Run the f-gram model of RUN_DIR's checkpoint over every f-gram and write the "
+        "[S, d] table with tensorstore (zarr3) to --out: a local path or a kvstore URL (file://, "
+        "memory://, gs://BUCKET/PATH, s3://BUCKET/PATH). The table becomes visible only when "
+        "complete; rerunning an interrupted export resumes it. --backbone-out also writes the "
+        "backbone's parameters as params.npz + config.yaml + meta.json (readable without orbax). "
+        "In a multi-process job (docs/launch.md) each process computes and writes its own shards "
+        "of the table, and process 0 commits it.",
     )
     p.add_argument("run_dir", help="a SCONE run directory made by `scone-jax train`")
     p.add_argument("--out", required=True, help="table location (path or kvstore URL)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "int8"),
-                   help="row dtype; int8 stores a float32 scale per row")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16", "int8"),
+        help="row dtype; int8 stores a float32 scale per row",
+    )
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
     p.add_argument("--batch-rows", type=int, default=1024, help="f-grams per f-gram-model batch")
     p.add_argument("--range-rows", type=int, default=65536, help="rows per resumable range")
-    p.add_argument("--shard-rows", type=int, default=65536,
-                   help="rows per file of the table (a multiple of 256); a multi-process export deals "
-                   "whole shards to the processes")
-    p.add_argument("--backbone-out", default=None, help="also export the backbone to this directory")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing table or backbone export")
+    p.add_argument(
+        "--shard-rows",
+        type=int,
+        default=65536,
+        help="rows per file of the table (a multiple of 256); a multi-process export deals "
+        "whole shards to the processes",
+    )
+    p.add_argument(
+        "--backbone-out", default=None, help="also export the backbone to this directory"
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an existing table or backbone export"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     distributed_args.add_cli_arguments(p)
     p.set_defaults(func=run)
@@ -47,15 +60,26 @@ def run(args) -> int:
     with distributed.failures_reported():
         check_outputs(args)
         require_checkpoint(args.run_dir, args.step)
-        meta = export_table(args.run_dir, args.out, args.dtype, args.step, args.batch_rows, args.range_rows,
-                            shard_rows=args.shard_rows, progress=not args.no_progress, overwrite=args.overwrite)
+        meta = export_table(
+            args.run_dir,
+            args.out,
+            args.dtype,
+            args.step,
+            args.batch_rows,
+            args.range_rows,
+            shard_rows=args.shard_rows,
+            progress=not args.no_progress,
+            overwrite=args.overwrite,
+        )
         if args.backbone_out:
             export_backbone(args.run_dir, args.backbone_out, args.step, args.overwrite)
     if topology and topology.process_id != 0:
         return 0  # every process takes part (the restore, its rows); process 0 reports
-    print(f"table {args.out}: {meta['num_rows']:,} rows x {meta['width']} {meta['dtype']} "
-          f"({meta['combine']} mode, step {meta['checkpoint_step']}), "
-          + (f"{meta['rows_per_s']:,.0f} rows/s" if meta.get("rows_per_s") else "already computed"))
+    print(
+        f"table {args.out}: {meta['num_rows']:,} rows x {meta['width']} {meta['dtype']} "
+        f"({meta['combine']} mode, step {meta['checkpoint_step']}), "
+        + (f"{meta['rows_per_s']:,.0f} rows/s" if meta.get("rows_per_s") else "already computed")
+    )
     if args.backbone_out:
         print(f"backbone {args.backbone_out}: params.npz, config.yaml, meta.json")
     return 0
@@ -74,9 +98,13 @@ def check_outputs(args) -> None:
     if table is not None:
         check_output_path(table, "--out")
         if table.exists() and not (table / META).is_file():
-            raise UserError(f"--out {args.out} exists and is not an f-gram table (expected a new path, "
-                            "or an exported table to replace with --overwrite)")
+            raise UserError(
+                f"--out {args.out} exists and is not an f-gram table (expected a new path, "
+                "or an exported table to replace with --overwrite)"
+            )
     if args.backbone_out:
         check_output_path(args.backbone_out, "--backbone-out")
         if Path(args.backbone_out).exists() and not args.overwrite:
-            raise UserError(f"--backbone-out {args.backbone_out} already exists (remove it or pass --overwrite)")
+            raise UserError(
+                f"--backbone-out {args.backbone_out} already exists (remove it or pass --overwrite)"
+            )

@@ -23,103 +23,198 @@ _DEFAULTS = FgramConfig()
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "fgrams", help="count, inspect and apply the f-gram vocabulary (SCONE n-grams)",
-        description="Build the f-gram set (the S most frequent token n-grams of length 2..K), print it, "
-                    "tag token streams with their longest f-gram match, and report coverage statistics.")
+        "fgrams",
+        help="count, inspect and apply the f-gram vocabulary (SCONE n-grams)",
+        description="Build the f-gram set (the S most frequent token n-grams of length 2..K), "
+        "print it, tag token streams with their longest f-gram match, and report coverage "
+        "statistics.",
+    )
     sub = p.add_subparsers(dest="fgrams_command", metavar="SUBCOMMAND", required=True)
 
     b = sub.add_parser(
-        "build", help="count n-grams in a tokenized corpus and write an f-gram set directory",
-        description="Count every token n-gram of length 2..K (never across documents) exactly, keep "
-                    "those occurring at least --min-count times (Apriori-pruned on prefix and suffix), "
-                    "and write the --num-fgrams most frequent (ties: shorter first, then token ids) to --out, "
-                    "with stats.json and stats.png.")
+        "build",
+        help="count n-grams in a tokenized corpus and write an f-gram set directory",
+        description="Count every token n-gram of length 2..K (never across documents) exactly, "
+        "keep those occurring at least --min-count times (Apriori-pruned on prefix and suffix), "
+        "and write the --num-fgrams most frequent (ties: shorter first, then token ids) to --out, "
+        "with stats.json and stats.png.",
+    )
     _add_input(b)
-    b.add_argument("--out", required=True, metavar="DIR", help="new f-gram set directory (written atomically)")
-    b.add_argument("--max-n", type=int, default=_DEFAULTS.max_n, metavar="K",
-                   help=f"longest f-gram, in tokens (default {_DEFAULTS.max_n}; >= 2)")
-    b.add_argument("--num-fgrams", type=int, default=_DEFAULTS.num_fgrams, metavar="S",
-                   help=f"how many f-grams to keep (default {_DEFAULTS.num_fgrams}); fewer if fewer qualify")
-    b.add_argument("--min-count", type=int, default=_DEFAULTS.min_count, metavar="M",
-                   help=f"minimum occurrences, at every length (default {_DEFAULTS.min_count})")
-    b.add_argument("--backend", choices=("local", "beam"), default="local",
-                   help="local: vectorised, multi-threaded, out-of-core when needed (default); "
-                        "beam: an Apache Beam pipeline (see docs/beam.md)")
-    b.add_argument("--memory-budget", default=None, metavar="SIZE",
-                   help="working memory for local counting, e.g. 2G or 512M (default: half of RAM); "
-                        "beyond it, state spills to --tmp-dir")
-    b.add_argument("--workers", type=int, default=None, metavar="N", help="threads (default: all cores)")
-    b.add_argument("--tmp-dir", default=None, metavar="DIR", help="scratch space for out-of-core counting")
-    b.add_argument("--beam-options", default=None, metavar="'ARGS'",
-                   help="Beam pipeline options as one quoted string after '=', e.g. "
-                        "--beam-options=\"--runner=DataflowRunner --project=P --region=R "
-                        "--temp_location=gs://B/tmp\" (default: --runner=DirectRunner)")
-    b.add_argument("--beam-dataset", default=None, metavar="URL",
-                   help="where Beam workers read the dataset (a copy on gs://, s3://, hdfs://); "
-                        "default: the local DATASET path")
-    b.add_argument("--beam-work-dir", default=None, metavar="URL",
-                   help="shared directory for the pipeline's output files (required on a cluster)")
-    b.add_argument("--beam-no-prune", action="store_true",
-                   help="count every n-gram without the Apriori side input (same result; for survivor "
-                        "sets too large for a worker's memory)")
-    b.add_argument("--heldout-fraction", type=float, default=0.0, metavar="F",
-                   help="count only DATASET's training split: hold out the documents `scone-jax train` "
-                        "holds out with data.eval_fraction=F and data.seed=--split-seed (default 0: count all)")
-    b.add_argument("--split-seed", type=int, default=0, metavar="N", help="data.seed of that split (default 0)")
-    b.add_argument("--no-stats", action="store_true", help="skip tagging the corpus for stats.json/stats.png")
+    b.add_argument(
+        "--out", required=True, metavar="DIR", help="new f-gram set directory (written atomically)"
+    )
+    b.add_argument(
+        "--max-n",
+        type=int,
+        default=_DEFAULTS.max_n,
+        metavar="K",
+        help=f"longest f-gram, in tokens (default {_DEFAULTS.max_n}; >= 2)",
+    )
+    b.add_argument(
+        "--num-fgrams",
+        type=int,
+        default=_DEFAULTS.num_fgrams,
+        metavar="S",
+        help=f"how many f-grams to keep (default {_DEFAULTS.num_fgrams}); fewer if fewer qualify",
+    )
+    b.add_argument(
+        "--min-count",
+        type=int,
+        default=_DEFAULTS.min_count,
+        metavar="M",
+        help=f"minimum occurrences, at every length (default {_DEFAULTS.min_count})",
+    )
+    b.add_argument(
+        "--backend",
+        choices=("local", "beam"),
+        default="local",
+        help="local: vectorised, multi-threaded, out-of-core when needed (default); "
+        "beam: an Apache Beam pipeline (see docs/beam.md)",
+    )
+    b.add_argument(
+        "--memory-budget",
+        default=None,
+        metavar="SIZE",
+        help="working memory for local counting, e.g. 2G or 512M (default: half of RAM); "
+        "beyond it, state spills to --tmp-dir",
+    )
+    b.add_argument(
+        "--workers", type=int, default=None, metavar="N", help="threads (default: all cores)"
+    )
+    b.add_argument(
+        "--tmp-dir", default=None, metavar="DIR", help="scratch space for out-of-core counting"
+    )
+    b.add_argument(
+        "--beam-options",
+        default=None,
+        metavar="'ARGS'",
+        help="Beam pipeline options as one quoted string after '=', e.g. "
+        '--beam-options="--runner=DataflowRunner --project=P --region=R '
+        '--temp_location=gs://B/tmp" (default: --runner=DirectRunner)',
+    )
+    b.add_argument(
+        "--beam-dataset",
+        default=None,
+        metavar="URL",
+        help="where Beam workers read the dataset (a copy on gs://, s3://, hdfs://); "
+        "default: the local DATASET path",
+    )
+    b.add_argument(
+        "--beam-work-dir",
+        default=None,
+        metavar="URL",
+        help="shared directory for the pipeline's output files (required on a cluster)",
+    )
+    b.add_argument(
+        "--beam-no-prune",
+        action="store_true",
+        help="count every n-gram without the Apriori side input (same result; for survivor "
+        "sets too large for a worker's memory)",
+    )
+    b.add_argument(
+        "--heldout-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="count only DATASET's training split: hold out the documents `scone-jax train` "
+        "holds out with data.eval_fraction=F and data.seed=--split-seed (default 0: count all)",
+    )
+    b.add_argument(
+        "--split-seed", type=int, default=0, metavar="N", help="data.seed of that split (default 0)"
+    )
+    b.add_argument(
+        "--no-stats", action="store_true", help="skip tagging the corpus for stats.json/stats.png"
+    )
     b.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
     b.set_defaults(func=cmd_build)
 
     d = sub.add_parser(
-        "dump", help="print an f-gram set as TSV: id, count, token ids",
-        description="Print one f-gram per line in id order: id<TAB>count<TAB>space-separated token ids "
-                    "(and with --text, <TAB>the decoded text, with \\t, \\n and \\\\ escaped).")
+        "dump",
+        help="print an f-gram set as TSV: id, count, token ids",
+        description="Print one f-gram per line in id order: id<TAB>count<TAB>space-separated token "
+        "ids (and with --text, <TAB>the decoded text, with \\t, \\n and \\\\ escaped).",
+    )
     d.add_argument("fgram_set", metavar="DIR", help="f-gram set directory")
-    d.add_argument("--text", action="store_true", help="add a column with the f-gram decoded by the tokenizer")
-    d.add_argument("--tokenizer", default=None, metavar="MODEL",
-                   help="sentencepiece model for --text (default: the one recorded when the set was built)")
-    d.add_argument("--limit", type=int, default=None, metavar="N", help="print only the first N f-grams")
+    d.add_argument(
+        "--text", action="store_true", help="add a column with the f-gram decoded by the tokenizer"
+    )
+    d.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="MODEL",
+        help="sentencepiece model for --text (default: the one recorded when the set was built)",
+    )
+    d.add_argument(
+        "--limit", type=int, default=None, metavar="N", help="print only the first N f-grams"
+    )
     d.set_defaults(func=cmd_dump)
 
     t = sub.add_parser(
-        "tag", help="tag every token with its longest matching f-gram",
-        description="For every token, the id of the longest f-gram ending at it (-1 if none) and its length "
-                    "(0 if none), never across documents. For a DATASET without --out-ids, the tags are "
-                    "stored beside it (DATASET/tags/<set fingerprint>/), where training reads them.")
+        "tag",
+        help="tag every token with its longest matching f-gram",
+        description="For every token, the id of the longest f-gram ending at it (-1 if none) and "
+        "its length (0 if none), never across documents. For a DATASET without --out-ids, the tags "
+        "are stored beside it (DATASET/tags/<set fingerprint>/), where training reads them.",
+    )
     t.add_argument("fgram_set", metavar="DIR", help="f-gram set directory")
     _add_input(t, vocab=False)
     t.add_argument("--out-ids", default=None, metavar="FILE.npy", help="int32 ids, -1 = no match")
-    t.add_argument("--out-lengths", default=None, metavar="FILE.npy", help="uint8 match lengths, 0 = no match")
-    t.add_argument("--workers", type=int, default=None, metavar="N", help="threads (default: all cores)")
+    t.add_argument(
+        "--out-lengths", default=None, metavar="FILE.npy", help="uint8 match lengths, 0 = no match"
+    )
+    t.add_argument(
+        "--workers", type=int, default=None, metavar="N", help="threads (default: all cores)"
+    )
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_tag)
 
     s = sub.add_parser(
-        "stats", help="print an f-gram set's statistics (and coverage of a corpus)",
-        description="Print the set's size, cutoff count and f-grams per length, plus coverage (fraction of "
-                    "tokens matched, mean match length, tokens matched per length) of the corpus it was built "
-                    "from, or of DATASET / --token-ids when given.")
+        "stats",
+        help="print an f-gram set's statistics (and coverage of a corpus)",
+        description="Print the set's size, cutoff count and f-grams per length, plus coverage "
+        "(fraction of tokens matched, mean match length, tokens matched per length) of the corpus "
+        "it was built from, or of DATASET / --token-ids when given.",
+    )
     s.add_argument("fgram_set", metavar="DIR", help="f-gram set directory")
     _add_input(s, vocab=False)
     s.add_argument("--json", default=None, metavar="FILE", help="also write the statistics as JSON")
     s.add_argument("--plot", default=None, metavar="FILE.png", help="also write the histogram plot")
-    s.add_argument("--workers", type=int, default=None, metavar="N", help="threads (default: all cores)")
+    s.add_argument(
+        "--workers", type=int, default=None, metavar="N", help="threads (default: all cores)"
+    )
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_stats)
 
 
 def _add_input(parser, vocab: bool = True) -> None:
-    parser.add_argument("dataset", nargs="?", metavar="DATASET",
-                        help="tokenized dataset directory (the output of `scone-jax tokenize`)")
-    parser.add_argument("--token-ids", default=None, metavar="FILE.npy",
-                        help="instead of DATASET: a 1-D integer array of token ids")
-    parser.add_argument("--doc-lengths", default=None, metavar="FILE.npy",
-                        help="with --token-ids: document lengths, summing to the number of token ids "
-                             "(default: one document)")
+    parser.add_argument(
+        "dataset",
+        nargs="?",
+        metavar="DATASET",
+        help="tokenized dataset directory (the output of `scone-jax tokenize`)",
+    )
+    parser.add_argument(
+        "--token-ids",
+        default=None,
+        metavar="FILE.npy",
+        help="instead of DATASET: a 1-D integer array of token ids",
+    )
+    parser.add_argument(
+        "--doc-lengths",
+        default=None,
+        metavar="FILE.npy",
+        help="with --token-ids: document lengths, summing to the number of token ids "
+        "(default: one document)",
+    )
     if vocab:
-        parser.add_argument("--vocab-size", type=int, default=None, metavar="V",
-                            help="with --token-ids: every id must be < V (default: unchecked)")
+        parser.add_argument(
+            "--vocab-size",
+            type=int,
+            default=None,
+            metavar="V",
+            help="with --token-ids: every id must be < V (default: unchecked)",
+        )
 
 
 def _corpus(args, required: bool = True):
@@ -149,8 +244,10 @@ def cmd_build(args) -> int:
         check_output_path(args.tmp_dir, "--tmp-dir")
     budget = outofcore.parse_size(args.memory_budget) if args.memory_budget else None
     if args.dataset and "://" in args.dataset:
-        raise UserError(f"{args.dataset}: give a local DATASET path; for workers reading a copy on shared "
-                        f"storage add --beam-dataset URL")
+        raise UserError(
+            f"{args.dataset}: give a local DATASET path; for workers reading a copy on shared "
+            f"storage add --beam-dataset URL"
+        )
     corpus = _training_split(args) if args.heldout_fraction else _corpus(args)
     kwargs = {}
     if args.backend == "beam":
@@ -159,11 +256,25 @@ def cmd_build(args) -> int:
         kwargs["beam_work_dir"] = args.beam_work_dir
         kwargs["beam_prune"] = not args.beam_no_prune
     elif args.beam_options or args.beam_dataset or args.beam_work_dir or args.beam_no_prune:
-        raise UserError("--beam-options, --beam-dataset, --beam-work-dir and --beam-no-prune need --backend beam")
-    fs = build_fgram_set(corpus, args.out, args.max_n, args.num_fgrams, args.min_count,
-                         backend=args.backend, memory_budget=budget, workers=args.workers,
-                         tmp_dir=args.tmp_dir, with_stats=not args.no_stats, overwrite=args.overwrite,
-                         progress=not args.no_progress, **kwargs)
+        raise UserError(
+            "--beam-options, --beam-dataset, --beam-work-dir and --beam-no-prune need --backend "
+            "beam"
+        )
+    fs = build_fgram_set(
+        corpus,
+        args.out,
+        args.max_n,
+        args.num_fgrams,
+        args.min_count,
+        backend=args.backend,
+        memory_budget=budget,
+        workers=args.workers,
+        tmp_dir=args.tmp_dir,
+        with_stats=not args.no_stats,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+        **kwargs,
+    )
     if fs.stats:
         print(format_stats(fs.stats))
     print(f"wrote {fs.num_fgrams:,} f-grams to {args.out}")
@@ -203,8 +314,12 @@ def cmd_dump(args) -> int:
         for a in range(0, n, 1 << 16):  # blocks: a few seconds for ten million lines
             b = min(n, a + (1 << 16))
             lines = []
-            for i, toks, length, count in zip(range(a, b), fs.tokens[a:b].tolist(), fs.lengths[a:b].tolist(),
-                                              fs.counts[a:b].tolist()):
+            for i, toks, length, count in zip(
+                range(a, b),
+                fs.tokens[a:b].tolist(),
+                fs.lengths[a:b].tolist(),
+                fs.counts[a:b].tolist(),
+            ):
                 line = f"{i}\t{count}\t{' '.join(map(str, toks[:length]))}"
                 if decode is not None:
                     line += "\t" + _escape(decode(toks[:length]))
@@ -223,15 +338,20 @@ def _escape(text: str) -> str:
 def _decoder(fs, tokenizer_path: str | None):
     path = tokenizer_path or fs.meta.get("tokenizer_path")
     if not path:
-        raise UserError("--text needs a tokenizer: give --tokenizer MODEL (none was recorded when the set was built)")
+        raise UserError(
+            "--text needs a tokenizer: give --tokenizer MODEL (none was recorded when the set was "
+            "built)"
+        )
     try:
         from scone_jax.data.tokenizer import Tokenizer
     except ImportError:
         raise UserError("--text needs scone_jax.data.tokenizer, which is not available") from None
     tok = Tokenizer.load(path)
     if fs.tokenizer_sha256 and tok.sha256 != fs.tokenizer_sha256:
-        raise UserError(f"tokenizer {path} (sha256 {tok.sha256[:12]}...) is not the one the f-gram set was "
-                        f"counted with ({fs.tokenizer_sha256[:12]}...)")
+        raise UserError(
+            f"tokenizer {path} (sha256 {tok.sha256[:12]}...) is not the one the f-gram set was "
+            f"counted with ({fs.tokenizer_sha256[:12]}...)"
+        )
     return tok.decode
 
 
@@ -242,7 +362,9 @@ def cmd_tag(args) -> int:
     _check_workers(args)
     fs = FgramSet.load(args.fgram_set)
     if bool(args.out_ids) != bool(args.out_lengths):
-        raise UserError("give both --out-ids and --out-lengths (or neither, to store tags beside a DATASET)")
+        raise UserError(
+            "give both --out-ids and --out-lengths (or neither, to store tags beside a DATASET)"
+        )
     progress = not args.no_progress
     if args.dataset and not args.token_ids and not args.out_ids:
         ids, lengths = tags_for_dataset(args.dataset, fs, workers=args.workers, progress=progress)
@@ -262,7 +384,9 @@ def cmd_tag(args) -> int:
     tmp_lengths = _tmp_sibling(out_lengths)
     try:
         with storage_errors(f"{out_ids} and {out_lengths}"):
-            _, lengths, _ = tag_corpus(fs, corpus, tmp_ids, tmp_lengths, workers=args.workers, progress=progress)
+            _, lengths, _ = tag_corpus(
+                fs, corpus, tmp_ids, tmp_lengths, workers=args.workers, progress=progress
+            )
         del lengths
         os.replace(tmp_ids, out_ids)
         os.replace(tmp_lengths, out_lengths)
@@ -270,7 +394,10 @@ def cmd_tag(args) -> int:
         for path in (tmp_ids, tmp_lengths):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-    _report_tags(np.load(out_lengths, mmap_mode="r", allow_pickle=False), f"wrote {out_ids} and {out_lengths}")
+    _report_tags(
+        np.load(out_lengths, mmap_mode="r", allow_pickle=False),
+        f"wrote {out_ids} and {out_lengths}",
+    )
     return 0
 
 
@@ -301,7 +428,9 @@ def cmd_stats(args) -> int:
     corpus = _corpus(args, required=False)
     if corpus is not None:
         corpus.check_nonempty()
-        _, _, hist = tag_corpus(fs, corpus, workers=args.workers, progress=not args.no_progress, keep=False)
+        _, _, hist = tag_corpus(
+            fs, corpus, workers=args.workers, progress=not args.no_progress, keep=False
+        )
         stats = st.compute_stats(fs, hist, corpus.num_tokens, corpus.source)
     elif (fs.path / "stats.json").is_file():
         try:

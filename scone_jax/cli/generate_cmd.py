@@ -7,23 +7,32 @@ def register(sub) -> None:
     p = sub.add_parser(
         "generate",
         help="generate text with the KV cache (SCONE: f-gram rows from an exported table)",
-        description="Batched prefill over the prompts (with a batched f-gram lookup), then one token per "
-        "step with the longest f-gram match over the last K-1 tokens. The model is RUN_DIR's latest "
-        "checkpoint, or an exported backbone (--backbone). Greedy by default; --temperature with "
-        "--top-k/--top-p samples, and --seed fixes the output.",
+        description="Batched prefill over the prompts (with a batched f-gram lookup), then one "
+        "token per step with the longest f-gram match over the last K-1 tokens. The model is "
+        "RUN_DIR's latest checkpoint, or an exported backbone (--backbone). Greedy by default; "
+        "--temperature with --top-k/--top-p samples, and --seed fixes the output.",
     )
     p.add_argument("run_dir", nargs="?", help="a run directory made by `scone-jax train`")
-    p.add_argument("--backbone", default=None, help="an exported backbone directory (instead of RUN_DIR)")
-    p.add_argument("--table", default=None, metavar="URL", help="the exported f-gram table (SCONE models)")
-    p.add_argument("--tier", default="host", choices=("device", "host", "disk"), help="where the table lives")
+    p.add_argument(
+        "--backbone", default=None, help="an exported backbone directory (instead of RUN_DIR)"
+    )
+    p.add_argument(
+        "--table", default=None, metavar="URL", help="the exported f-gram table (SCONE models)"
+    )
+    p.add_argument(
+        "--tier", default="host", choices=("device", "host", "disk"), help="where the table lives"
+    )
     p.add_argument("--prompt", action="append", required=True, help="a prompt; repeat for a batch")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tokenizer", default=None,
-                   help="sentencepiece model (default: the run's dataset tokenizer, or the backbone export's)")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="sentencepiece model (default: the run's dataset tokenizer, or the backbone export's)",
+    )
     p.set_defaults(func=run)
 
 
@@ -48,14 +57,19 @@ def run(args) -> int:
         from scone_jax.artifacts.run_dir import RUN_INFO_FILE
 
         engine = engine_from_run(args.run_dir, args.table, args.tier)
-        default_tok = Path(json.loads((Path(args.run_dir) / RUN_INFO_FILE).read_text())["dataset"]) / "tokenizer.model"
+        default_tok = (
+            Path(json.loads((Path(args.run_dir) / RUN_INFO_FILE).read_text())["dataset"])
+            / "tokenizer.model"
+        )
     else:
         engine = engine_from_export(args.backbone, args.table, args.tier)
         default_tok = Path(args.backbone) / "tokenizer.model"
     tokenizer = Tokenizer.load(args.tokenizer or default_tok)
     if engine.tokenizer_sha256 and tokenizer.sha256 != engine.tokenizer_sha256:
-        raise UserError(f"tokenizer {tokenizer.path} (sha256 {tokenizer.sha256[:12]}) is not the model's "
-                        f"({engine.tokenizer_sha256[:12]})")
+        raise UserError(
+            f"tokenizer {tokenizer.path} (sha256 {tokenizer.sha256[:12]}) is not the model's "
+            f"({engine.tokenizer_sha256[:12]})"
+        )
     prompts = [tokenizer.encode(text) for text in args.prompt]
     outputs = generate(engine, prompts, args.max_new_tokens, sampling, args.seed, tokenizer.eos_id)
     for text, new in zip(args.prompt, outputs, strict=True):

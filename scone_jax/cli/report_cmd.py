@@ -8,12 +8,14 @@ def register(sub) -> None:
         "report",
         help="gather a sweep's results into a CSV, a markdown table and plots",
         description="Read every point of a sweep directory (made by `scone-jax sweep`) and write "
-        "results.csv, results.md and the plots (perplexity against the number of f-grams, the f-gram "
-        "model size, K and accelerator-resident parameters, with the baselines marked) to --out. "
-        "Unfinished points are listed as incomplete.",
+        "results.csv, results.md and the plots (perplexity against the number of f-grams, the "
+        "f-gram model size, K and accelerator-resident parameters, with the baselines marked) to "
+        "--out. Unfinished points are listed as incomplete.",
     )
     p.add_argument("sweep_dir", metavar="SWEEP_DIR", help="a sweep directory")
-    p.add_argument("--out", default=None, metavar="DIR", help="report directory (default: SWEEP_DIR/report)")
+    p.add_argument(
+        "--out", default=None, metavar="DIR", help="report directory (default: SWEEP_DIR/report)"
+    )
     p.set_defaults(func=run)
 
 

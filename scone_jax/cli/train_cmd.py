@@ -13,18 +13,23 @@ def register(sub) -> None:
     p = sub.add_parser(
         "train",
         help="train (or resume) a model from a YAML config",
-        description="Train a model described by CONFIG (a YAML file or a preset name from experiments/, "
-        "e.g. 'tiny'), with key=value overrides such as train.steps=100 model.family=llama "
-        "'data.corpus=[a.txt, b/*.txt]'. The resolved config is saved as RUN_DIR/config.yaml; "
-        "rerunning the same command resumes from the latest checkpoint (the data order too). "
-        "SIGTERM/SIGINT save a checkpoint before exiting.",
+        description="Train a model described by CONFIG (a YAML file or a preset name from "
+        "experiments/, e.g. 'tiny'), with key=value overrides such as train.steps=100 "
+        "model.family=llama 'data.corpus=[a.txt, b/*.txt]'. The resolved config is saved as "
+        "RUN_DIR/config.yaml; rerunning the same command resumes from the latest checkpoint (the "
+        "data order too). SIGTERM/SIGINT save a checkpoint before exiting.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("config", help="YAML config path or preset name (experiments/<name>.yaml)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, values parsed as YAML")
+    p.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="config overrides, values parsed as YAML"
+    )
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    p.add_argument("--count-params", action="store_true",
-                   help="print the parameter counts (backbone, non-embedding, f-gram model) and exit")
+    p.add_argument(
+        "--count-params",
+        action="store_true",
+        help="print the parameter counts (backbone, non-embedding, f-gram model) and exit",
+    )
     distributed_args.add_cli_arguments(p)
     p.set_defaults(func=run)
 
@@ -52,17 +57,22 @@ def run(args) -> int:
 
 
 def describe_params(cfg) -> str:
-    """Parameter counts from the architecture alone (no tokenizer needed when model.vocab_size is set)."""
+    """Parameter counts from the architecture alone (no tokenizer needed when model.vocab_size is
+    set)."""
     from scone_jax.errors import UserError
     from scone_jax.metrics.flops import count_fgram_params, count_params
 
     if not cfg.model.vocab_size:
         raise UserError("--count-params needs model.vocab_size (0 means 'from the tokenizer')")
     total, embedding = count_params(cfg.model, cfg.model.vocab_size)
-    line = (f"backbone {total / 1e6:,.1f}M parameters ({(total - embedding) / 1e6:,.1f}M non-embedding, "
-            f"{embedding / 1e6:,.1f}M embedding)")
+    line = (
+        f"backbone {total / 1e6:,.1f}M parameters ({(total - embedding) / 1e6:,.1f}M "
+        f"non-embedding, {embedding / 1e6:,.1f}M embedding)"
+    )
     if cfg.fgrams.enabled:
         fgram = count_fgram_params(cfg.fgrams, cfg.model)
-        line += (f"; f-gram model {fgram / 1e6:,.1f}M parameters (training only; at inference "
-                 f"{cfg.fgrams.num_fgrams:,} table rows off the accelerator)")
+        line += (
+            f"; f-gram model {fgram / 1e6:,.1f}M parameters (training only; at inference "
+            f"{cfg.fgrams.num_fgrams:,} table rows off the accelerator)"
+        )
     return line

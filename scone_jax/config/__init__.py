@@ -14,7 +14,18 @@ from scone_jax.config.schema import (
 )
 
 __all__ = [
-    "CheckpointConfig", "Config", "DataConfig", "FgramConfig", "LoggingConfig", "MeshConfig",
-    "ModelConfig", "OptimConfig", "TrainConfig", "load_config", "parse_overrides",
-    "resolve_preset", "save_config", "to_dict",
+    "CheckpointConfig",
+    "Config",
+    "DataConfig",
+    "FgramConfig",
+    "LoggingConfig",
+    "MeshConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "TrainConfig",
+    "load_config",
+    "parse_overrides",
+    "resolve_preset",
+    "save_config",
+    "to_dict",
 ]

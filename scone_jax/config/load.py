@@ -31,11 +31,15 @@ def resolve_preset(name_or_path: str) -> Path:
     if path.is_file():
         return path
     if path.exists():
-        raise UserError(f"config {name_or_path!r} is not a file (expected a YAML file or a preset name)")
+        raise UserError(
+            f"config {name_or_path!r} is not a file (expected a YAML file or a preset name)"
+        )
     for candidate in (PRESET_DIR / name_or_path, PRESET_DIR / f"{name_or_path}.yaml"):
         if candidate.is_file():
             return candidate
-    raise UserError(f"config {name_or_path!r} not found (expected a YAML file or a preset name in {PRESET_DIR})")
+    raise UserError(
+        f"config {name_or_path!r} not found (expected a YAML file or a preset name in {PRESET_DIR})"
+    )
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
@@ -45,7 +49,10 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise UserError(f"config {path} is not valid UTF-8 at byte offset {e.start} (expected a UTF-8 YAML file)") from None
+        raise UserError(
+            f"config {path} is not valid UTF-8 at byte offset {e.start} (expected a UTF-8 YAML "
+            "file)"
+        ) from None
     except OSError as e:
         raise UserError(f"cannot read config {path}: {e.strerror or e}") from None
     try:
@@ -53,7 +60,9 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     except yaml.YAMLError as e:
         raise UserError(f"config {path} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):
-        raise UserError(f"config {path} must be a mapping at the top level, got {type(data).__name__}")
+        raise UserError(
+            f"config {path} must be a mapping at the top level, got {type(data).__name__}"
+        )
     base = data.pop("base", None)
     if base is None:
         return data
@@ -75,7 +84,8 @@ def _type_name(tp) -> str:
 
 
 def _coerce(value: Any, tp, key: str) -> Any:
-    """Check `value` against the annotation `tp`; ints are accepted for floats, nothing else is converted."""
+    """Check `value` against the annotation `tp`; ints are accepted for floats, nothing else is
+    converted."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         for arm in typing.get_args(tp):
@@ -85,7 +95,9 @@ def _coerce(value: Any, tp, key: str) -> Any:
                 return _coerce(value, arm, key)
             except UserError:
                 continue
-        raise UserError(f"config key {key}={value!r} has the wrong type (expected {_type_name(tp)})")
+        raise UserError(
+            f"config key {key}={value!r} has the wrong type (expected {_type_name(tp)})"
+        )
     if origin is list:
         (item,) = typing.get_args(tp)
         if isinstance(value, str | int | float) and not isinstance(value, bool) and item is str:
@@ -127,11 +139,15 @@ def _build(cls, data: dict[str, Any], prefix: str):
     for key, value in data.items():
         full = f"{prefix}{key}"
         if key not in names:
-            raise UserError(f"unknown config key {full!r} (expected one of: {', '.join(sorted(names))})")
+            raise UserError(
+                f"unknown config key {full!r} (expected one of: {', '.join(sorted(names))})"
+            )
         tp = hints[key]
         if dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):
-                raise UserError(f"config key {full}={value!r} has the wrong type (expected a mapping)")
+                raise UserError(
+                    f"config key {full}={value!r} has the wrong type (expected a mapping)"
+                )
             kwargs[key] = _build(tp, value, f"{full}.")
         else:
             kwargs[key] = _coerce(value, tp, full)
@@ -139,7 +155,8 @@ def _build(cls, data: dict[str, Any], prefix: str):
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
-    """`["train.steps=10", "data.corpus=[a.txt, b.txt]"]` -> a nested dict; values parsed as YAML."""
+    """`["train.steps=10", "data.corpus=[a.txt, b.txt]"]` -> a nested dict; values parsed as
+    YAML."""
     nested: dict[str, Any] = {}
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -159,7 +176,9 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     return nested
 
 
-def load_config(preset: str | os.PathLike | None = None, overrides: list[str] | None = None) -> Config:
+def load_config(
+    preset: str | os.PathLike | None = None, overrides: list[str] | None = None
+) -> Config:
     """Read a preset (optional), apply overrides, build the typed config and validate it."""
     data: dict[str, Any] = _read_yaml(resolve_preset(str(preset))) if preset else {}
     _deep_merge(data, parse_overrides(overrides or []))

@@ -18,7 +18,8 @@ def _check(cond: bool, message: str) -> None:
 
 @dataclass
 class ModelConfig:
-    """Decoder-only backbone. `gpt2`: learned positions, GeLU, LayerNorm. `llama`: RoPE, SwiGLU, RMSNorm."""
+    """Decoder-only backbone. `gpt2`: learned positions, GeLU, LayerNorm. `llama`: RoPE, SwiGLU,
+    RMSNorm."""
 
     family: str = "gpt2"
     vocab_size: int = 0  # 0 = take it from the tokenizer
@@ -36,17 +37,29 @@ class ModelConfig:
     init_std: float = 0.02
 
     def validate(self) -> None:
-        _check(self.family in FAMILIES, f"model.family={self.family!r} (expected one of {FAMILIES})")
+        _check(
+            self.family in FAMILIES, f"model.family={self.family!r} (expected one of {FAMILIES})"
+        )
         _check(self.dtype in DTYPES, f"model.dtype={self.dtype!r} (expected one of {DTYPES})")
-        _check(self.param_dtype in DTYPES, f"model.param_dtype={self.param_dtype!r} (expected one of {DTYPES})")
+        _check(
+            self.param_dtype in DTYPES,
+            f"model.param_dtype={self.param_dtype!r} (expected one of {DTYPES})",
+        )
         for name in ("d_model", "n_layers", "n_heads", "max_seq_len"):
             _check(getattr(self, name) > 0, f"model.{name}={getattr(self, name)} (expected > 0)")
-        _check(self.vocab_size >= 0, f"model.vocab_size={self.vocab_size} (expected >= 0; 0 = from tokenizer)")
-        _check(self.d_model % self.n_heads == 0,
-               f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}")
+        _check(
+            self.vocab_size >= 0,
+            f"model.vocab_size={self.vocab_size} (expected >= 0; 0 = from tokenizer)",
+        )
+        _check(
+            self.d_model % self.n_heads == 0,
+            f"model.d_model={self.d_model} is not divisible by model.n_heads={self.n_heads}",
+        )
         kv = self.kv_heads
-        _check(kv > 0 and self.n_heads % kv == 0,
-               f"model.n_kv_heads={self.n_kv_heads} (expected a divisor of n_heads={self.n_heads})")
+        _check(
+            kv > 0 and self.n_heads % kv == 0,
+            f"model.n_kv_heads={self.n_kv_heads} (expected a divisor of n_heads={self.n_heads})",
+        )
         if self.family == "llama":
             _check(self.head_dim % 2 == 0, f"llama needs an even head dim, got {self.head_dim}")
         _check(self.d_ff >= 0, f"model.d_ff={self.d_ff} (expected >= 0; 0 = family default)")
@@ -86,22 +99,38 @@ class FgramConfig:
     n_layers: int = 0
     d_model: int = 0
     n_heads: int = 0  # 0 = backbone's heads when widths match, else d_model // 64
-    combine: str = "gated"  # gated (add through a zero-initialized learned gain) | add | replace (the paper)
+    combine: str = (
+        "gated"  # gated (add through a zero-initialized learned gain) | add | replace (the paper)
+    )
     dedup: bool = True  # compute each distinct f-gram of a batch once
-    capacity: int = 0  # f-gram model node slots per data shard (whole blocks) before they grow; 0 = calibrate
+    capacity: int = (
+        0  # f-gram model node slots per data shard (whole blocks) before they grow; 0 = calibrate
+    )
     block_size: int = 32  # node slots per attention block of the prefix forest (>= max_n)
-    permute_rows: bool = False  # control: each f-gram embedded as another (fixed permutation); not exportable
+    permute_rows: bool = (
+        False  # control: each f-gram embedded as another (fixed permutation); not exportable
+    )
 
     def validate(self) -> None:
         _check(2 <= self.max_n <= 16, f"fgrams.max_n={self.max_n} (expected 2..16)")
         _check(self.num_fgrams > 0, f"fgrams.num_fgrams={self.num_fgrams} (expected > 0)")
         _check(self.min_count >= 1, f"fgrams.min_count={self.min_count} (expected >= 1)")
-        _check(self.combine in COMBINE_RULES, f"fgrams.combine={self.combine!r} (expected one of {COMBINE_RULES})")
-        _check(self.n_layers >= 0 and self.d_model >= 0 and self.n_heads >= 0 and self.capacity >= 0,
-               "fgrams.n_layers, d_model, n_heads and capacity must be >= 0")
-        _check(self.block_size >= self.max_n,
-               f"fgrams.block_size={self.block_size} (expected >= fgrams.max_n={self.max_n})")
-        _check(self.size_multiplier > 0, f"fgrams.model_size={self.model_size!r} (expected e.g. '0.5x', '1x', '3x')")
+        _check(
+            self.combine in COMBINE_RULES,
+            f"fgrams.combine={self.combine!r} (expected one of {COMBINE_RULES})",
+        )
+        _check(
+            self.n_layers >= 0 and self.d_model >= 0 and self.n_heads >= 0 and self.capacity >= 0,
+            "fgrams.n_layers, d_model, n_heads and capacity must be >= 0",
+        )
+        _check(
+            self.block_size >= self.max_n,
+            f"fgrams.block_size={self.block_size} (expected >= fgrams.max_n={self.max_n})",
+        )
+        _check(
+            self.size_multiplier > 0,
+            f"fgrams.model_size={self.model_size!r} (expected e.g. '0.5x', '1x', '3x')",
+        )
 
     @property
     def size_multiplier(self) -> float:
@@ -114,22 +143,36 @@ class FgramConfig:
     def model_config(self, backbone: ModelConfig) -> ModelConfig:
         """The f-gram model's architecture, derived from the backbone's."""
         d_model = self.d_model or backbone.d_model
-        n_heads = self.n_heads or (backbone.n_heads if d_model == backbone.d_model else max(1, d_model // 64))
+        n_heads = self.n_heads or (
+            backbone.n_heads if d_model == backbone.d_model else max(1, d_model // 64)
+        )
         n_layers = self.n_layers or max(1, round(self.size_multiplier * backbone.n_layers))
         same_width = d_model == backbone.d_model
         return ModelConfig(
-            family=backbone.family, vocab_size=backbone.vocab_size, d_model=d_model, n_layers=n_layers,
-            n_heads=n_heads, n_kv_heads=backbone.n_kv_heads if same_width and n_heads == backbone.n_heads else 0,
-            d_ff=backbone.d_ff if same_width else 0, max_seq_len=self.max_n, tie_embeddings=True,
-            dtype=backbone.dtype, param_dtype=backbone.param_dtype, rope_theta=backbone.rope_theta,
-            norm_eps=backbone.norm_eps, init_std=backbone.init_std)
+            family=backbone.family,
+            vocab_size=backbone.vocab_size,
+            d_model=d_model,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            n_kv_heads=backbone.n_kv_heads if same_width and n_heads == backbone.n_heads else 0,
+            d_ff=backbone.d_ff if same_width else 0,
+            max_seq_len=self.max_n,
+            tie_embeddings=True,
+            dtype=backbone.dtype,
+            param_dtype=backbone.param_dtype,
+            rope_theta=backbone.rope_theta,
+            norm_eps=backbone.norm_eps,
+            init_std=backbone.init_std,
+        )
 
 
 @dataclass
 class DataConfig:
     """Where text comes from, how it is tokenized, and how it is cut into windows."""
 
-    corpus: list[str] = field(default_factory=list)  # files or globs; empty = embedded default corpus
+    corpus: list[str] = field(
+        default_factory=list
+    )  # files or globs; empty = embedded default corpus
     doc_split: str = "file"  # file | blank_line  (for plain text files)
     jsonl_field: str = "text"
     tokenizer: str = ""  # an existing sentencepiece .model; empty = train one
@@ -143,15 +186,27 @@ class DataConfig:
     max_default_corpus_mb: float = 4.0
 
     def validate(self) -> None:
-        _check(self.doc_split in ("file", "blank_line"),
-               f"data.doc_split={self.doc_split!r} (expected 'file' or 'blank_line')")
-        _check(self.tokenizer_type in ("bpe", "unigram"),
-               f"data.tokenizer_type={self.tokenizer_type!r} (expected 'bpe' or 'unigram')")
-        _check(self.tokenizer_vocab_size >= 260,  # 256 byte-fallback pieces + unk/bos/eos + 1
-               f"data.tokenizer_vocab_size={self.tokenizer_vocab_size} (expected >= 260)")
-        _check(0.0 <= self.eval_fraction < 1.0, f"data.eval_fraction={self.eval_fraction} (expected 0 <= f < 1)")
+        _check(
+            self.doc_split in ("file", "blank_line"),
+            f"data.doc_split={self.doc_split!r} (expected 'file' or 'blank_line')",
+        )
+        _check(
+            self.tokenizer_type in ("bpe", "unigram"),
+            f"data.tokenizer_type={self.tokenizer_type!r} (expected 'bpe' or 'unigram')",
+        )
+        _check(
+            self.tokenizer_vocab_size >= 260,  # 256 byte-fallback pieces + unk/bos/eos + 1
+            f"data.tokenizer_vocab_size={self.tokenizer_vocab_size} (expected >= 260)",
+        )
+        _check(
+            0.0 <= self.eval_fraction < 1.0,
+            f"data.eval_fraction={self.eval_fraction} (expected 0 <= f < 1)",
+        )
         _check(self.seq_len >= 2, f"data.seq_len={self.seq_len} (expected >= 2)")
-        _check(self.max_default_corpus_mb > 0, f"data.max_default_corpus_mb={self.max_default_corpus_mb} (expected > 0)")
+        _check(
+            self.max_default_corpus_mb > 0,
+            f"data.max_default_corpus_mb={self.max_default_corpus_mb} (expected > 0)",
+        )
 
 
 @dataclass
@@ -169,9 +224,16 @@ class MeshConfig:
 
     def validate(self) -> None:
         sizes = (self.data, self.fsdp, self.tensor)
-        _check(all(s == -1 or s >= 1 for s in sizes),
-               f"mesh sizes data={self.data} fsdp={self.fsdp} tensor={self.tensor} (expected >= 1 or -1)")
-        _check(sizes.count(-1) <= 1, f"mesh: at most one axis may be -1, got data={self.data} fsdp={self.fsdp} tensor={self.tensor}")
+        _check(
+            all(s == -1 or s >= 1 for s in sizes),
+            f"mesh sizes data={self.data} fsdp={self.fsdp} tensor={self.tensor} (expected >= 1 or "
+            "-1)",
+        )
+        _check(
+            sizes.count(-1) <= 1,
+            f"mesh: at most one axis may be -1, got data={self.data} fsdp={self.fsdp} "
+            f"tensor={self.tensor}",
+        )
 
 
 @dataclass
@@ -190,9 +252,14 @@ class OptimConfig:
     def validate(self) -> None:
         _check(self.lr > 0, f"optim.lr={self.lr} (expected > 0)")
         _check(self.warmup_steps >= 0, f"optim.warmup_steps={self.warmup_steps} (expected >= 0)")
-        _check(0 <= self.min_lr_ratio <= 1, f"optim.min_lr_ratio={self.min_lr_ratio} (expected 0..1)")
+        _check(
+            0 <= self.min_lr_ratio <= 1, f"optim.min_lr_ratio={self.min_lr_ratio} (expected 0..1)"
+        )
         _check(self.weight_decay >= 0, f"optim.weight_decay={self.weight_decay} (expected >= 0)")
-        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, f"optim betas ({self.beta1}, {self.beta2}) (expected in [0, 1))")
+        _check(
+            0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
+            f"optim betas ({self.beta1}, {self.beta2}) (expected in [0, 1))",
+        )
         _check(self.grad_clip >= 0, f"optim.grad_clip={self.grad_clip} (expected >= 0)")
 
 
@@ -247,10 +314,20 @@ class Config:
 
     def validate(self) -> None:
         _check(bool(self.run_dir), "run_dir is empty (expected a directory path)")
-        for section in (self.model, self.fgrams, self.data, self.mesh, self.optim, self.train,
-                        self.checkpoint, self.logging):
+        for section in (
+            self.model,
+            self.fgrams,
+            self.data,
+            self.mesh,
+            self.optim,
+            self.train,
+            self.checkpoint,
+            self.logging,
+        ):
             section.validate()
         if self.fgrams.enabled:
             self.fgrams.model_config(self.model).validate()
-        _check(self.data.seq_len <= self.model.max_seq_len,
-               f"data.seq_len={self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}")
+        _check(
+            self.data.seq_len <= self.model.max_seq_len,
+            f"data.seq_len={self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}",
+        )

@@ -49,35 +49,59 @@ class TokenizedDataset:
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> TokenizedDataset:
-        """Open a dataset directory, checking its files against checksums.json (one read of each)."""
+        """Open a dataset directory, checking its files against checksums.json (one read of
+        each)."""
         path = Path(path)
         meta_path = path / META_FILE
         if not meta_path.is_file():
-            raise UserError(f"{path} is not a tokenized dataset (no {META_FILE}; expected the output of `scone-jax tokenize`)")
+            raise UserError(
+                f"{path} is not a tokenized dataset (no {META_FILE}; expected the output of "
+                "`scone-jax tokenize`)"
+            )
         verify_manifest(path, required=(META_FILE, TOKENS_FILE, OFFSETS_FILE, TOKEN_BYTES_FILE))
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             raise UserError(f"{meta_path} is unreadable or corrupt: {e}") from None
         if meta.get("format_version") != FORMAT_VERSION:
-            raise UserError(f"{meta_path}: format_version={meta.get('format_version')!r} (expected {FORMAT_VERSION})")
+            raise UserError(
+                f"{meta_path}: format_version={meta.get('format_version')!r} (expected "
+                f"{FORMAT_VERSION})"
+            )
         dtype = np.dtype(meta["dtype"])
         tokens_path = path / TOKENS_FILE
         expected = meta["num_tokens"] * dtype.itemsize
         size = tokens_path.stat().st_size if tokens_path.is_file() else -1
         if size != expected:
-            raise UserError(f"{tokens_path} has {size} bytes (expected {expected}); the dataset is truncated or corrupt")
-        tokens = (np.memmap(tokens_path, dtype=dtype, mode="r", shape=(meta["num_tokens"],))
-                  if meta["num_tokens"] else np.zeros((0,), dtype))
+            raise UserError(
+                f"{tokens_path} has {size} bytes (expected {expected}); the dataset is truncated "
+                "or corrupt"
+            )
+        tokens = (
+            np.memmap(tokens_path, dtype=dtype, mode="r", shape=(meta["num_tokens"],))
+            if meta["num_tokens"]
+            else np.zeros((0,), dtype)
+        )
         try:
             offsets = np.load(path / OFFSETS_FILE)
             token_bytes = np.load(path / TOKEN_BYTES_FILE)
         except (OSError, ValueError) as e:
-            raise UserError(f"{path}: cannot read document offsets or token byte lengths: {e}") from None
-        if (offsets.ndim != 1 or len(offsets) != meta["num_docs"] + 1 or offsets[0] != 0
-                or offsets[-1] != meta["num_tokens"] or np.any(np.diff(offsets) < 0)):
-            raise UserError(f"{path / OFFSETS_FILE} does not match {META_FILE}; the dataset is corrupt")
-        return cls(path=path, meta=meta, tokens=tokens, doc_offsets=offsets, token_bytes=token_bytes)
+            raise UserError(
+                f"{path}: cannot read document offsets or token byte lengths: {e}"
+            ) from None
+        if (
+            offsets.ndim != 1
+            or len(offsets) != meta["num_docs"] + 1
+            or offsets[0] != 0
+            or offsets[-1] != meta["num_tokens"]
+            or np.any(np.diff(offsets) < 0)
+        ):
+            raise UserError(
+                f"{path / OFFSETS_FILE} does not match {META_FILE}; the dataset is corrupt"
+            )
+        return cls(
+            path=path, meta=meta, tokens=tokens, doc_offsets=offsets, token_bytes=token_bytes
+        )
 
     @property
     def num_tokens(self) -> int:
@@ -100,7 +124,7 @@ class TokenizedDataset:
         return np.diff(self.doc_offsets)
 
     def doc(self, i: int) -> np.ndarray:
-        return np.asarray(self.tokens[self.doc_offsets[i]:self.doc_offsets[i + 1]])
+        return np.asarray(self.tokens[self.doc_offsets[i] : self.doc_offsets[i + 1]])
 
 
 class DatasetWriter:
@@ -120,7 +144,9 @@ class DatasetWriter:
     def add(self, ids) -> None:
         arr = np.asarray(ids)
         if arr.size and (arr.min() < 0 or arr.max() >= self.vocab_size):
-            raise UserError(f"token id out of range [0, {self.vocab_size}) in document {len(self._offsets) - 1}")
+            raise UserError(
+                f"token id out of range [0, {self.vocab_size}) in document {len(self._offsets) - 1}"
+            )
         data = arr.astype(self.dtype, copy=False).tobytes()
         self._file.write(data)
         self._hash.update(data)
@@ -145,13 +171,16 @@ class DatasetWriter:
             "tokens_sha256": self._hash.hexdigest(),
             **meta,
         }
-        (self.dir / META_FILE).write_text(json.dumps(full, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        (self.dir / META_FILE).write_text(
+            json.dumps(full, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+        )
         write_manifest(self.dir)
         return full
 
 
-def write_dataset(directory: str | os.PathLike, docs, vocab_size: int, token_bytes: np.ndarray,
-                  **meta: Any) -> dict[str, Any]:
+def write_dataset(
+    directory: str | os.PathLike, docs, vocab_size: int, token_bytes: np.ndarray, **meta: Any
+) -> dict[str, Any]:
     """Write an in-memory list of token-id documents (tests, small tools) as a dataset."""
     writer = DatasetWriter(directory, vocab_size)
     for doc in docs:

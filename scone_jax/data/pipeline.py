@@ -25,7 +25,9 @@ from scone_jax.data.dataset import TokenizedDataset
 from scone_jax.errors import UserError
 
 
-def split_documents(num_docs: int, eval_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def split_documents(
+    num_docs: int, eval_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Hold out a seeded random `eval_fraction` of documents (at least one when > 0)."""
     n_eval = int(round(num_docs * eval_fraction))
     if eval_fraction > 0 and num_docs >= 2:
@@ -72,7 +74,8 @@ def to_example(window: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 @dataclass
 class BatchStream:
-    """Per-host batches of one split: `batch(step)` is this process's rows of global batch `step`."""
+    """Per-host batches of one split: `batch(step)` is this process's rows of global batch
+    `step`."""
 
     source: WindowSource
     global_batch: int
@@ -84,11 +87,15 @@ class BatchStream:
 
     def __post_init__(self):
         if self.global_batch % self.process_count:
-            raise UserError(f"train.batch_size={self.global_batch} is not divisible by the "
-                            f"{self.process_count} processes")
+            raise UserError(
+                f"train.batch_size={self.global_batch} is not divisible by the "
+                f"{self.process_count} processes"
+            )
         if len(self.source) == 0:
-            raise UserError(f"the split has {self.source.num_tokens} tokens, fewer than one window of "
-                            f"{self.source.seq_len + 1}; use a bigger corpus or a smaller data.seq_len")
+            raise UserError(
+                f"the split has {self.source.num_tokens} tokens, fewer than one window of "
+                f"{self.source.seq_len + 1}; use a bigger corpus or a smaller data.seq_len"
+            )
         self.local_batch = self.global_batch // self.process_count
         ds = grain.MapDataset.source(self.source)
         if self.shuffle:
@@ -119,19 +126,37 @@ def prefetch(items: Iterable, prepare: Callable, depth: int = 2) -> Iterator:
             yield result
 
 
-def eval_batch_count(source: WindowSource, batch_size: int, max_batches: int, name: str = "held-out split") -> int:
+def eval_batch_count(
+    source: WindowSource, batch_size: int, max_batches: int, name: str = "held-out split"
+) -> int:
     """How many eval batches a split gives (at most `max_batches`); none at all is an error."""
     n = min(max_batches, len(source) // batch_size)
     if n == 0:
-        raise UserError(f"{name} has {source.num_tokens} tokens in {len(source)} windows of {source.seq_len + 1}, "
-                        f"fewer than one eval batch of {batch_size} windows")
+        raise UserError(
+            f"{name} has {source.num_tokens} tokens in {len(source)} windows of "
+            f"{source.seq_len + 1}, fewer than one eval batch of {batch_size} windows"
+        )
     return n
 
 
-def eval_batches(source: WindowSource, batch_size: int, max_batches: int, process_index: int = 0,
-                 process_count: int = 1, transform=None, name: str = "held-out split") -> list[dict[str, np.ndarray]]:
+def eval_batches(
+    source: WindowSource,
+    batch_size: int,
+    max_batches: int,
+    process_index: int = 0,
+    process_count: int = 1,
+    transform=None,
+    name: str = "held-out split",
+) -> list[dict[str, np.ndarray]]:
     """The first `max_batches` batches of a split in order (no shuffle): a fixed eval set."""
     n = eval_batch_count(source, batch_size, max_batches, name)
-    stream = BatchStream(source, batch_size, seed=0, process_index=process_index,
-                         process_count=process_count, shuffle=False, transform=transform)
+    stream = BatchStream(
+        source,
+        batch_size,
+        seed=0,
+        process_index=process_index,
+        process_count=process_count,
+        shuffle=False,
+        transform=transform,
+    )
     return [stream.batch(k) for k in range(n)]

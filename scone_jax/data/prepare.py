@@ -9,8 +9,11 @@ from scone_jax.data.dataset import META_FILE, TokenizedDataset
 from scone_jax.data.tokenize import build_dataset
 
 
-def prepare_dataset(cfg: DataConfig, run_dir: str | Path, progress: bool = True) -> TokenizedDataset:
-    """`data.dataset` if given; else RUN_DIR/dataset, tokenized on first use (tokenizer inside it)."""
+def prepare_dataset(
+    cfg: DataConfig, run_dir: str | Path, progress: bool = True
+) -> TokenizedDataset:
+    """`data.dataset` if given; else RUN_DIR/dataset, tokenized on first use (tokenizer inside
+    it)."""
     if cfg.dataset:
         return TokenizedDataset.open(cfg.dataset)
     out = Path(run_dir) / "dataset"

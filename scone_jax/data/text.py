@@ -46,14 +46,20 @@ def resolve_corpus_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
             matches = [Path(m) for m in sorted(glob.glob(entry, recursive=True))]
             files = [f for m in matches for f in _files_under(m)]
             if not files:
-                raise UserError(f"corpus glob {entry!r} matches no file (expected at least one match)")
+                raise UserError(
+                    f"corpus glob {entry!r} matches no file (expected at least one match)"
+                )
         else:
             p = Path(entry)
             if not p.exists():
-                raise UserError(f"corpus path {entry} does not exist (expected a file, directory or glob)")
+                raise UserError(
+                    f"corpus path {entry} does not exist (expected a file, directory or glob)"
+                )
             files = _files_under(p)
             if not files:
-                raise UserError(f"corpus directory {entry} contains no file (expected text or .jsonl files)")
+                raise UserError(
+                    f"corpus directory {entry} contains no file (expected text or .jsonl files)"
+                )
         for f in files:
             key = f.resolve()
             if key not in seen:
@@ -66,12 +72,17 @@ def _files_under(p: Path) -> list[Path]:
     if p.is_file():
         return [p]
     if p.is_dir():
-        return sorted(f for f in p.rglob("*")
-                      if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts))
+        return sorted(
+            f
+            for f in p.rglob("*")
+            if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts)
+        )
     return []
 
 
-def iter_documents(paths: list[str], doc_split: str = "file", jsonl_field: str = "text") -> Iterator[str]:
+def iter_documents(
+    paths: list[str], doc_split: str = "file", jsonl_field: str = "text"
+) -> Iterator[str]:
     """Yield the non-empty documents of `paths` in order; raise `UserError` on bad input.
 
     Files are checked lazily: an error in the second file surfaces after the first file's
@@ -94,7 +105,10 @@ def iter_documents(paths: list[str], doc_split: str = "file", jsonl_field: str =
                 yield doc
     if count == 0:
         shown = ", ".join(str(f) for f in files[:3]) + (", ..." if len(files) > 3 else "")
-        raise UserError(f"empty corpus: {len(files)} file(s) ({shown}) yield no non-empty document (expected some text)")
+        raise UserError(
+            f"empty corpus: {len(files)} file(s) ({shown}) yield no non-empty document (expected "
+            "some text)"
+        )
 
 
 def _utf8_lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -109,8 +123,10 @@ def _utf8_lines(path: Path) -> Iterator[tuple[int, str]]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise UserError(f"{path}: invalid UTF-8 at byte offset {offset + e.start} "
-                                f"(line {lineno}; expected UTF-8 text)") from None
+                raise UserError(
+                    f"{path}: invalid UTF-8 at byte offset {offset + e.start} "
+                    f"(line {lineno}; expected UTF-8 text)"
+                ) from None
             if lineno == 1 and line.startswith("\ufeff"):
                 line = line[1:]
             offset += len(raw)
@@ -137,10 +153,14 @@ def _jsonl_documents(path: Path, field: str) -> Iterator[str]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg}; expected one JSON object per line)") from None
+            raise UserError(
+                f"{path}:{lineno}: not valid JSON ({e.msg}; expected one JSON object per line)"
+            ) from None
         if not isinstance(record, dict) or not isinstance(record.get(field), str):
-            raise UserError(f"{path}:{lineno}: no string field {field!r} "
-                            f"(expected a JSON object with a {field!r} text field; see jsonl_field)")
+            raise UserError(
+                f"{path}:{lineno}: no string field {field!r} "
+                f"(expected a JSON object with a {field!r} text field; see jsonl_field)"
+            )
         yield record[field]
 
 
@@ -169,8 +189,10 @@ def default_corpus(max_mb: float = 4.0) -> list[str]:
         docs.append(doc)
         budget -= len(data)
     if not docs:
-        raise UserError(f"empty corpus: no docstrings found in the Python standard library at "
-                        f"{sysconfig.get_paths()['stdlib']} (expected its .py sources; pass a corpus instead)")
+        raise UserError(
+            f"empty corpus: no docstrings found in the Python standard library at "
+            f"{sysconfig.get_paths()['stdlib']} (expected its .py sources; pass a corpus instead)"
+        )
     return docs
 
 
@@ -178,7 +200,9 @@ def _stdlib_modules() -> list[tuple[str, Path]]:
     root = Path(sysconfig.get_paths()["stdlib"])
     modules = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in _SKIP_STDLIB_DIRS and not d.startswith("test")]
+        dirnames[:] = [
+            d for d in dirnames if d not in _SKIP_STDLIB_DIRS and not d.startswith("test")
+        ]
         for name in filenames:
             if name.endswith(".py"):
                 rel = (Path(dirpath) / name).relative_to(root).with_suffix("")

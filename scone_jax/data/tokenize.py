@@ -33,9 +33,14 @@ TOKENIZER_FILE = "tokenizer.model"
 BATCH_DOCS = 256
 
 
-def tokenize_corpus(docs: Iterable[str], tokenizer: Tokenizer, out_dir: str | os.PathLike,
-                    corpus_sha256: str | None = None, append_eos: bool = True,
-                    progress: bool = True) -> TokenizedDataset:
+def tokenize_corpus(
+    docs: Iterable[str],
+    tokenizer: Tokenizer,
+    out_dir: str | os.PathLike,
+    corpus_sha256: str | None = None,
+    append_eos: bool = True,
+    progress: bool = True,
+) -> TokenizedDataset:
     """Encode `docs` in batches and write them as a dataset at `out_dir` (which must not exist).
 
     Each document becomes `tokenizer.encode(doc) + [eos]` (without eos if not `append_eos`),
@@ -45,12 +50,16 @@ def tokenize_corpus(docs: Iterable[str], tokenizer: Tokenizer, out_dir: str | os
     out_dir = Path(out_dir)
     eos = tokenizer.eos_id
     if append_eos and eos < 0:
-        raise UserError(f"tokenizer {tokenizer.path} has no eos piece (expected one when appending "
-                        "eos; train a tokenizer with scone-jax or disable eos)")
+        raise UserError(
+            f"tokenizer {tokenizer.path} has no eos piece (expected one when appending "
+            "eos; train a tokenizer with scone-jax or disable eos)"
+        )
     source = FingerprintingIterator(docs)
     with atomic_dir(out_dir) as tmp:
         writer = DatasetWriter(tmp, tokenizer.vocab_size)
-        bar = tqdm(desc=f"tokenize {out_dir.name}", unit=" docs", file=sys.stderr, disable=not progress)
+        bar = tqdm(
+            desc=f"tokenize {out_dir.name}", unit=" docs", file=sys.stderr, disable=not progress
+        )
         start = time.perf_counter()
         with bar:
             for batch in _batches(iter(source), BATCH_DOCS):
@@ -101,23 +110,28 @@ def documents_factory(cfg: DataConfig) -> Callable[[], Iterator[str]]:
     return default_docs
 
 
-def prepare_tokenizer(cfg: DataConfig, docs_factory: Callable[[], Iterable[str]],
-                      out_path: str | os.PathLike) -> Tokenizer:
-    """Load `cfg.tokenizer` if set; else train one on `docs_factory()` and write it to `out_path`."""
+def prepare_tokenizer(
+    cfg: DataConfig, docs_factory: Callable[[], Iterable[str]], out_path: str | os.PathLike
+) -> Tokenizer:
+    """Load `cfg.tokenizer` if set; else train one on `docs_factory()` and write it to
+    `out_path`."""
     if cfg.tokenizer:
         return Tokenizer.load(cfg.tokenizer)
     return Tokenizer.train(docs_factory(), cfg.tokenizer_vocab_size, cfg.tokenizer_type, out_path)
 
 
-def build_dataset(cfg: DataConfig, out_dir: str | os.PathLike, append_eos: bool = True,
-                  progress: bool = True) -> TokenizedDataset:
+def build_dataset(
+    cfg: DataConfig, out_dir: str | os.PathLike, append_eos: bool = True, progress: bool = True
+) -> TokenizedDataset:
     """Corpus -> tokenizer (loaded or trained) -> dataset at `out_dir`, holding its tokenizer.
 
     A trained tokenizer goes to a temporary file first; the dataset keeps the only copy.
     """
     out_dir = Path(out_dir)
     if out_dir.exists():
-        raise UserError(f"output directory {out_dir} already exists (expected a new path; remove it first)")
+        raise UserError(
+            f"output directory {out_dir} already exists (expected a new path; remove it first)"
+        )
     check_output_path(out_dir, "output directory")
     docs = documents_factory(cfg)
     with tempfile.TemporaryDirectory(prefix="scone-tokenizer-") as tmp:
@@ -132,6 +146,8 @@ def dataset_tokenizer(dataset: TokenizedDataset) -> Tokenizer:
         path = Path(dataset.meta.get("tokenizer_path", path))
     tokenizer = Tokenizer.load(path)
     if tokenizer.sha256 != dataset.tokenizer_sha256:
-        raise UserError(f"tokenizer {path} has sha256 {tokenizer.sha256[:12]}... but dataset {dataset.path} "
-                        f"was made with {dataset.tokenizer_sha256[:12]}... (expected the same tokenizer)")
+        raise UserError(
+            f"tokenizer {path} has sha256 {tokenizer.sha256[:12]}... but dataset {dataset.path} "
+            f"was made with {dataset.tokenizer_sha256[:12]}... (expected the same tokenizer)"
+        )
     return tokenizer

@@ -38,12 +38,16 @@ class Tokenizer:
     def __init__(self, model_bytes: bytes, path: str | os.PathLike):
         self._path = Path(path).absolute()
         if not model_bytes:
-            raise UserError(f"tokenizer model {self._path} is empty (expected a sentencepiece .model file)")
+            raise UserError(
+                f"tokenizer model {self._path} is empty (expected a sentencepiece .model file)"
+            )
         try:
             self._sp = spm.SentencePieceProcessor(model_proto=model_bytes)
         except (RuntimeError, OSError) as e:
-            raise UserError(f"tokenizer model {self._path} is not a valid sentencepiece model "
-                            f"({str(e).strip() or type(e).__name__})") from None
+            raise UserError(
+                f"tokenizer model {self._path} is not a valid sentencepiece model "
+                f"({str(e).strip() or type(e).__name__})"
+            ) from None
         self._bytes = model_bytes
         self._sha256 = hashlib.sha256(model_bytes).hexdigest()
         self._token_bytes: np.ndarray | None = None
@@ -61,9 +65,15 @@ class Tokenizer:
         return cls(data, p)
 
     @classmethod
-    def train(cls, docs: Iterable[str], vocab_size: int, model_type: str = "bpe",
-              out_path: str | os.PathLike | None = None, *,
-              max_sentences: int = MAX_TRAIN_SENTENCES) -> Tokenizer:
+    def train(
+        cls,
+        docs: Iterable[str],
+        vocab_size: int,
+        model_type: str = "bpe",
+        out_path: str | os.PathLike | None = None,
+        *,
+        max_sentences: int = MAX_TRAIN_SENTENCES,
+    ) -> Tokenizer:
         """Train on the non-empty lines of `docs` (the first `max_sentences`); write `out_path`.
 
         Deterministic: the same documents and settings give byte-identical models. The model
@@ -77,15 +87,25 @@ class Tokenizer:
             raise UserError(f"tokenizer vocab_size={vocab_size} (expected > 0)")
         sentences = _training_sentences(docs, max_sentences)
         if not sentences:
-            raise UserError("empty corpus: no non-empty line to train the tokenizer on (expected some text)")
+            raise UserError(
+                "empty corpus: no non-empty line to train the tokenizer on (expected some text)"
+            )
         writer = io.BytesIO()
         try:
             spm.SentencePieceTrainer.train(
-                sentence_iterator=iter(sentences), model_writer=writer,
-                vocab_size=vocab_size, model_type=model_type, byte_fallback=True,
-                normalization_rule_name="identity", remove_extra_whitespaces=False,
-                input_sentence_size=0, max_sentence_length=4 * MAX_SENTENCE_CHARS,
-                num_threads=TRAIN_THREADS, minloglevel=2, **SPECIAL_IDS)
+                sentence_iterator=iter(sentences),
+                model_writer=writer,
+                vocab_size=vocab_size,
+                model_type=model_type,
+                byte_fallback=True,
+                normalization_rule_name="identity",
+                remove_extra_whitespaces=False,
+                input_sentence_size=0,
+                max_sentence_length=4 * MAX_SENTENCE_CHARS,
+                num_threads=TRAIN_THREADS,
+                minloglevel=2,
+                **SPECIAL_IDS,
+            )
         except RuntimeError as e:
             raise UserError(_explain_training_error(str(e), vocab_size, model_type)) from None
         data = writer.getvalue()
@@ -141,13 +161,20 @@ class Tokenizer:
             for i in range(self.vocab_size):
                 if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i):
                     continue
-                lengths[i] = 1 if sp.is_byte(i) else len(sp.id_to_piece(i).replace(META_SYMBOL, " ").encode("utf-8"))
+                lengths[i] = (
+                    1
+                    if sp.is_byte(i)
+                    else len(sp.id_to_piece(i).replace(META_SYMBOL, " ").encode("utf-8"))
+                )
             lengths.flags.writeable = False
             self._token_bytes = lengths
         return self._token_bytes
 
     def __repr__(self) -> str:
-        return f"Tokenizer({str(self._path)!r}, vocab_size={self.vocab_size}, sha256={self._sha256[:12]})"
+        return (
+            f"Tokenizer({str(self._path)!r}, vocab_size={self.vocab_size}, "
+            f"sha256={self._sha256[:12]})"
+        )
 
 
 def _training_sentences(docs: Iterable[str], limit: int) -> list[str]:
@@ -164,9 +191,16 @@ def _training_sentences(docs: Iterable[str], limit: int) -> list[str]:
 
 def _explain_training_error(message: str, vocab_size: int, model_type: str) -> str:
     if m := re.search(r"required_chars\. \d+ vs (\d+)", message):
-        return (f"tokenizer vocab_size={vocab_size} is too small for this corpus (expected >= {m.group(1)}: "
-                f"256 byte pieces, 3 special pieces and the corpus's characters)")
+        return (
+            f"tokenizer vocab_size={vocab_size} is too small for this corpus (expected >= "
+            f"{m.group(1)}: 256 byte pieces, 3 special pieces and the corpus's characters)"
+        )
     if m := re.search(r"value <= (\d+)", message):
-        return (f"tokenizer vocab_size={vocab_size} is too large for this corpus (expected <= {m.group(1)} "
-                f"for a {model_type} model; use a larger corpus or a smaller vocab size)")
-    return f"sentencepiece training failed with vocab_size={vocab_size}, model_type={model_type!r}: {message.strip()}"
+        return (
+            f"tokenizer vocab_size={vocab_size} is too large for this corpus (expected <= "
+            f"{m.group(1)} for a {model_type} model; use a larger corpus or a smaller vocab size)"
+        )
+    return (
+        f"sentencepiece training failed with vocab_size={vocab_size}, "
+        f"model_type={model_type!r}: {message.strip()}"
+    )

@@ -17,15 +17,22 @@ from scone_jax.serve.evaluate import evaluate_engine
 from scone_jax.train.session import evaluate, open_session
 
 
-def evaluate_run(run_dir: str | Path, extra_eval: list[str] | None = None, step: int | None = None,
-                 table: str | None = None, tier: str = "host") -> dict:
+def evaluate_run(
+    run_dir: str | Path,
+    extra_eval: list[str] | None = None,
+    step: int | None = None,
+    table: str | None = None,
+    tier: str = "host",
+) -> dict:
     """Perplexity and bits per byte of a run's checkpoint on its held-out split and `extra_eval`
     datasets: with the live f-gram model, or with an exported table (`table`, in `tier`)."""
     cfg = load_run_config(run_dir)
     require_checkpoint(run_dir, step)
     session = open_session(cfg, Path(run_dir), extra_eval)
     if not session.eval_sets:
-        raise UserError(f"run {run_dir} has no held-out split (data.eval_fraction=0); pass --dataset DIR")
+        raise UserError(
+            f"run {run_dir} has no held-out split (data.eval_fraction=0); pass --dataset DIR"
+        )
     if table is not None:
         engine = engine_from_run(run_dir, table, tier, step)
         results = evaluate_engine(engine, session.eval_sets, session.dataset.token_bytes)
@@ -35,4 +42,3 @@ def evaluate_run(run_dir: str | Path, extra_eval: list[str] | None = None, step:
     ckpt.close()
     results = evaluate(session, session.eval_step(), state["params"])
     return {"step": int(np.asarray(jax.device_get(state["step"]))), "results": results}
-

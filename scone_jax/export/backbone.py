@@ -13,19 +13,32 @@ from scone_jax.config import to_dict
 from scone_jax.runtime.distributed import barrier
 
 
-def export_backbone(run_dir: str | Path, out: str | Path, step: int | None = None, overwrite: bool = False) -> dict:
+def export_backbone(
+    run_dir: str | Path, out: str | Path, step: int | None = None, overwrite: bool = False
+) -> dict:
     """In a multi-process job every process takes part in the restore, and process 0 writes."""
     run = load_run_params(run_dir, step)
     params = host_params(run)
     backbone = params["backbone"] if run.cfg.fgrams.enabled else params
-    meta = {"format_version": FORMAT_VERSION, "vocab_size": run.info["vocab_size"],
-            "tokenizer_sha256": run.info["tokenizer_sha256"], "checkpoint_fingerprint": run.fingerprint,
-            "checkpoint_step": run.step, "scone": run.cfg.fgrams.enabled,
-            "combine": run.cfg.fgrams.combine if run.cfg.fgrams.enabled else None,
-            "fgram_set_fingerprint": run.info.get("fgram_set_fingerprint"),
-            "max_n": run.cfg.fgrams.max_n if run.cfg.fgrams.enabled else None}
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "vocab_size": run.info["vocab_size"],
+        "tokenizer_sha256": run.info["tokenizer_sha256"],
+        "checkpoint_fingerprint": run.fingerprint,
+        "checkpoint_step": run.step,
+        "scone": run.cfg.fgrams.enabled,
+        "combine": run.cfg.fgrams.combine if run.cfg.fgrams.enabled else None,
+        "fgram_set_fingerprint": run.info.get("fgram_set_fingerprint"),
+        "max_n": run.cfg.fgrams.max_n if run.cfg.fgrams.enabled else None,
+    }
     if jax.process_index() == 0:
-        write_backbone(out, backbone, to_dict(run.cfg)["model"], Path(run.info["dataset"]) / "tokenizer.model", meta,
-                       overwrite)
+        write_backbone(
+            out,
+            backbone,
+            to_dict(run.cfg)["model"],
+            Path(run.info["dataset"]) / "tokenizer.model",
+            meta,
+            overwrite,
+        )
     barrier("backbone-written")
     return meta

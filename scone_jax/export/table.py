@@ -1,9 +1,9 @@
 """`scone-jax export`: run the f-gram model over every f-gram and write the [S, d] table.
 
 F-grams are processed in row ranges (the unit of resumption); inside a range they are taken in
-lexicographic order, `batch_rows` at a time, as prefix forests (scone_jax/forest/), so a
-prefix shared by many f-grams is computed once, as in training: one forest per data shard of
-the mesh, of its consecutive rows. In replace mode the stored row is F(w) - T(last token of w), so the input
+lexicographic order, `batch_rows` at a time, as prefix forests (scone_jax/forest/), so a prefix
+shared by many f-grams is computed once, as in training: one forest per data shard of the mesh, of
+its consecutive rows. In replace mode the stored row is F(w) - T(last token of w), so the input
 layer at inference is the same lookup-and-add in both modes (SCONE.md section 3).
 
 In a multi-process job each process restores the checkpoint onto its own devices, computes and
@@ -70,7 +70,9 @@ def fgram_rows_fn(run: RunParams, combine: str):
         with activation_sharding(mesh, rules):
             model = handle.merge(params)
             nodes = model.fgram.forest(model.backbone.table_rows(node_tokens), paths, outputs)
-            out = jnp.take(nodes.reshape(-1, nodes.shape[-1]), row_outputs, axis=0).astype(jnp.float32)
+            out = jnp.take(nodes.reshape(-1, nodes.shape[-1]), row_outputs, axis=0).astype(
+                jnp.float32
+            )
             if combine == "replace":
                 out = out - model.backbone.table_rows(last_tokens).astype(jnp.float32)
         return out
@@ -78,43 +80,73 @@ def fgram_rows_fn(run: RunParams, combine: str):
     return jax.jit(rows)
 
 
-def compute_range(fn, params, fgram_set: FgramSet, a: int, b: int, batch_rows: int, groups: int,
-                  block: int, shardings) -> np.ndarray:
+def compute_range(
+    fn,
+    params,
+    fgram_set: FgramSet,
+    a: int,
+    b: int,
+    batch_rows: int,
+    groups: int,
+    block: int,
+    shardings,
+) -> np.ndarray:
     """The rows of f-grams a..b-1, `batch_rows` at a time in lexicographic order, so that f-grams
     sharing a prefix meet in one group's forest and the prefix is computed once there."""
     tokens, lengths = np.asarray(fgram_set.tokens[a:b]), np.asarray(fgram_set.lengths[a:b])
     order = np.lexsort(tokens.T[::-1])
     out = None
     for c in range(0, len(order), batch_rows):
-        part = order[c:c + batch_rows]
-        buffers, row_outputs = group_forests(tokens[part], lengths[part], groups, -(-batch_rows // groups), block)
+        part = order[c : c + batch_rows]
+        buffers, row_outputs = group_forests(
+            tokens[part], lengths[part], groups, -(-batch_rows // groups), block
+        )
         last = np.zeros(batch_rows, np.int32)
-        last[:len(part)] = tokens[part, lengths[part] - 1]
+        last[: len(part)] = tokens[part, lengths[part] - 1]
         padded_outputs = np.zeros(batch_rows, np.int32)
-        padded_outputs[:len(part)] = row_outputs
-        rows = np.asarray(jax.device_get(fn(params, *(jax.device_put(x, sh) for x, sh in zip(
-            (*buffers, padded_outputs, last), shardings, strict=True)))))
+        padded_outputs[: len(part)] = row_outputs
+        rows = np.asarray(
+            jax.device_get(
+                fn(
+                    params,
+                    *(
+                        jax.device_put(x, sh)
+                        for x, sh in zip((*buffers, padded_outputs, last), shardings, strict=True)
+                    ),
+                )
+            )
+        )
         if out is None:
             out = np.empty((b - a, rows.shape[1]), np.float32)
-        out[part] = rows[:len(part)]
+        out[part] = rows[: len(part)]
     return out
 
 
-def group_forests(tokens: np.ndarray, lengths: np.ndarray, groups: int, rows_per_group: int, block: int):
+def group_forests(
+    tokens: np.ndarray, lengths: np.ndarray, groups: int, rows_per_group: int, block: int
+):
     """Each group's own forest, of its `rows_per_group` consecutive rows: (node tokens, paths,
     output slots) for the f-gram model and each row's place in the outputs. A row's blocks then
     depend only on the rows of its group, so a process exporting with fewer groups (and as many
     rows per group) lays every row out as the whole mesh does (the block count N, the fullest
     group's rounded up to a granule, can still differ between process counts)."""
-    layouts = [forest_layout(prefix_forest(tokens[i:i + rows_per_group], lengths[i:i + rows_per_group], True),
-                             1, block, min_outputs=round_up(rows_per_group, block))
-               for i in range(0, groups * rows_per_group, rows_per_group)]
+    layouts = [
+        forest_layout(
+            prefix_forest(tokens[i : i + rows_per_group], lengths[i : i + rows_per_group], True),
+            1,
+            block,
+            min_outputs=round_up(rows_per_group, block),
+        )
+        for i in range(0, groups * rows_per_group, rows_per_group)
+    ]
     granule = max(rows_per_group // (4 * block), 1)  # few distinct shapes: few compiles
     blocks = round_up(max(layout.tokens.shape[1] for layout in layouts), granule)
     grown = [grow_blocks(layout.tokens, layout.paths, blocks) for layout in layouts]
     node_tokens, paths = (np.concatenate(parts) for parts in zip(*grown, strict=True))
     outputs = np.concatenate([layout.outputs for layout in layouts])
-    row_outputs = np.concatenate([layout.output + g * outputs.shape[1] for g, layout in enumerate(layouts)])
+    row_outputs = np.concatenate(
+        [layout.output + g * outputs.shape[1] for g, layout in enumerate(layouts)]
+    )
     return (node_tokens, paths, outputs), row_outputs
 
 
@@ -123,8 +155,9 @@ def row_ranges(num_rows: int, range_rows: int) -> list[tuple[int, int]]:
     return [(a, min(a + range_rows, num_rows)) for a in range(0, num_rows, range_rows)]
 
 
-def assigned_ranges(ranges: list[tuple[int, int]], block_rows: int, process_index: int,
-                    process_count: int) -> list[tuple[int, int]]:
+def assigned_ranges(
+    ranges: list[tuple[int, int]], block_rows: int, process_index: int, process_count: int
+) -> list[tuple[int, int]]:
     """One process's share of `ranges`: whole blocks of `block_rows` rows, dealt round-robin. A
     block is whole shards of the arrays, so no two processes ever write the same file."""
     return [(a, b) for a, b in ranges if a // block_rows % process_count == process_index]
@@ -141,9 +174,11 @@ def read_progress(work: Location, header: dict) -> dict[tuple[int, int], str]:
         state = read_json(work, key)
         if state["header"] != header:
             changed = sorted(k for k in header if state["header"].get(k) != header[k])
-            raise UserError(f"an unfinished export at {work.url} has another {', '.join(changed)} (checkpoint, "
-                            "dtype, f-gram set or layout); rerun with the same options to resume, or remove it "
-                            "to start over")
+            raise UserError(
+                f"an unfinished export at {work.url} has another {', '.join(changed)} (checkpoint, "
+                "dtype, f-gram set or layout); rerun with the same options to resume, or remove it "
+                "to start over"
+            )
         done.update({(a, b): digest for a, b, digest in state["done"]})
     return done
 
@@ -151,14 +186,29 @@ def read_progress(work: Location, header: dict) -> dict[tuple[int, int], str]:
 def clear_leftover(work: Location) -> None:
     """Remove a local `.partial` with no progress files (process 0, before the others look)."""
     if work.local_path and work.local_path.exists() and not progress_keys(work):
-        shutil.rmtree(work.local_path)  # nothing to resume: a table swapped out by an interrupted replace
+        shutil.rmtree(
+            work.local_path
+        )  # nothing to resume: a table swapped out by an interrupted replace
 
 
-def create_arrays(work: Location, num_rows: int, width: int, dtype: str, chunk_rows: int, shard_rows: int):
-    """The rows array and, for int8, the scales array (both cut into shards of `shard_rows` rows)."""
+def create_arrays(
+    work: Location, num_rows: int, width: int, dtype: str, chunk_rows: int, shard_rows: int
+):
+    """The rows array and, for int8, the scales array (both cut into shards of `shard_rows`
+    rows)."""
     rows = create_array(work, "rows", (num_rows, width), dtype, chunk_rows, shard_rows)
-    scales = create_array(work, "scales", (num_rows,), "float32", math.gcd(chunk_rows * 64, shard_rows),
-                          shard_rows) if dtype == "int8" else None
+    scales = (
+        create_array(
+            work,
+            "scales",
+            (num_rows,),
+            "float32",
+            math.gcd(chunk_rows * 64, shard_rows),
+            shard_rows,
+        )
+        if dtype == "int8"
+        else None
+    )
     return rows, scales
 
 
@@ -180,26 +230,42 @@ def copy_fgram_set(work: Location, fgram_set: FgramSet) -> None:
     """The f-gram set (tokens, keys and their ids: the key index) travels with the table."""
     store, copied = kvstore(work), {}
     for name in FGRAM_SET_FILES:
-        if name != MANIFEST:  # the copy gets a manifest of the bytes copied (the source may predate them)
+        if (
+            name != MANIFEST
+        ):  # the copy gets a manifest of the bytes copied (the source may predate them)
             data = (Path(fgram_set.path) / name).read_bytes()
             store.write(f"{FGRAM_SET_DIR}/{name}", data).result()
             copied[name] = (len(data), zlib.crc32(data))
-    store.write(f"{FGRAM_SET_DIR}/{MANIFEST}", json.dumps(manifest(copied), indent=2).encode()).result()
+    store.write(
+        f"{FGRAM_SET_DIR}/{MANIFEST}", json.dumps(manifest(copied), indent=2).encode()
+    ).result()
 
 
-def commit(work: Location, final: Location, header: dict, fgram_set: FgramSet, ranges: list[tuple[int, int]],
-           rows_per_s: float | None) -> dict:
+def commit(
+    work: Location,
+    final: Location,
+    header: dict,
+    fgram_set: FgramSet,
+    ranges: list[tuple[int, int]],
+    rows_per_s: float | None,
+) -> dict:
     """Process 0, once every process has written its rows: check that all ranges are there, write
     meta.json (the commit point for object stores) and move a local table into place."""
     done = read_progress(work, header)
     missing = [r for r in ranges if r not in done]
     if missing:
-        raise UserError(f"table {work.url} lacks {len(missing)} of {len(ranges)} row ranges (first: rows "
-                        f"{missing[0][0]}-{missing[0][1]}) after every process finished (expected storage "
-                        "that every process shares)")
+        raise UserError(
+            f"table {work.url} lacks {len(missing)} of {len(ranges)} row ranges (first: rows "
+            f"{missing[0][0]}-{missing[0][1]}) after every process finished (expected storage "
+            "that every process shares)"
+        )
     copy_fgram_set(work, fgram_set)
-    meta = {**header, "ranges": [[a, b] for a, b in ranges],
-            "checksum": combine_checksums([(a, b, done[a, b]) for a, b in ranges]), "rows_per_s": rows_per_s}
+    meta = {
+        **header,
+        "ranges": [[a, b] for a, b in ranges],
+        "checksum": combine_checksums([(a, b, done[a, b]) for a, b in ranges]),
+        "rows_per_s": rows_per_s,
+    }
     meta[META_CHECKSUM] = meta_digest(meta)
     write_json(work, META, meta)
     if final.local_path:
@@ -210,10 +276,20 @@ def commit(work: Location, final: Location, header: dict, fgram_set: FgramSet, r
     return meta
 
 
-def export_table(run_dir: str | Path, url: str, dtype: str = "float32", step: int | None = None,
-                 batch_rows: int = 1024, range_rows: int = 65536, chunk_rows: int = 0,
-                 shard_rows: int = 65536, progress: bool = True, overwrite: bool = False) -> dict:
-    """Export the table of run `run_dir` to `url`; resumes an unfinished export of the same checkpoint.
+def export_table(
+    run_dir: str | Path,
+    url: str,
+    dtype: str = "float32",
+    step: int | None = None,
+    batch_rows: int = 1024,
+    range_rows: int = 65536,
+    chunk_rows: int = 0,
+    shard_rows: int = 65536,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> dict:
+    """Export the table of run `run_dir` to `url`; resumes an unfinished export of the same
+    checkpoint.
 
     A local table is written into `url.partial` and renamed into place when complete; an existing
     table replaced with `overwrite` stays intact until then. A write the storage refuses is a
@@ -226,34 +302,54 @@ def export_table(run_dir: str | Path, url: str, dtype: str = "float32", step: in
     if dtype not in ROW_DTYPES:
         raise UserError(f"table dtype {dtype!r} (expected one of {ROW_DTYPES})")
     if shard_rows <= 0 or chunk_rows < 0 or (chunk_rows and shard_rows % chunk_rows):
-        raise UserError(f"shard_rows={shard_rows} (expected a positive multiple of chunk_rows={chunk_rows})")
+        raise UserError(
+            f"shard_rows={shard_rows} (expected a positive multiple of chunk_rows={chunk_rows})"
+        )
     final = parse_location(url)
     if nproc > 1 and final.kvstore["driver"] == "memory":
-        raise UserError(f"table {url} would live in one process's memory (expected a path or URL that "
-                        f"all {nproc} processes can write)")
+        raise UserError(
+            f"table {url} would live in one process's memory (expected a path or URL that "
+            f"all {nproc} processes can write)"
+        )
     if read_json(final, META) is not None and not overwrite:
         raise UserError(f"table {url} already exists (remove it or pass --overwrite)")
     run = load_run_params(run_dir, step)
     if not run.cfg.fgrams.enabled:
-        raise UserError(f"run {run_dir} is a baseline (fgrams.enabled=false): it has no f-gram model to export")
+        raise UserError(
+            f"run {run_dir} is a baseline (fgrams.enabled=false): it has no f-gram model to export"
+        )
     if run.cfg.fgrams.permute_rows:
-        raise UserError(f"run {run_dir} is a control run (fgrams.permute_rows=true): its rows are not the "
-                        f"f-grams' own, so it is not exported")
+        raise UserError(
+            f"run {run_dir} is a control run (fgrams.permute_rows=true): its rows are not the "
+            f"f-grams' own, so it is not exported"
+        )
     fgram_set = FgramSet.load(run.info["fgram_set"])
     if fgram_set.fingerprint != run.info["fgram_set_fingerprint"]:
-        raise UserError(f"f-gram set {fgram_set.path} changed since run {run_dir} was trained "
-                        f"(fingerprint {fgram_set.fingerprint[:12]}, expected {run.info['fgram_set_fingerprint'][:12]})")
+        raise UserError(
+            f"f-gram set {fgram_set.path} changed since run {run_dir} was trained (fingerprint "
+            f"{fgram_set.fingerprint[:12]}, expected {run.info['fgram_set_fingerprint'][:12]})"
+        )
     num_rows, width = len(fgram_set.lengths), run.cfg.model.d_model
     chunk_rows = chunk_rows or default_chunk_rows(width, dtype, shard_rows)
     rows_per_device = -(-batch_rows // data_parallel(run.mesh))
     run = on_local_devices(run)
-    batch_rows = rows_per_device * data_parallel(run.mesh)  # as many rows per device as on the whole mesh
+    batch_rows = rows_per_device * data_parallel(
+        run.mesh
+    )  # as many rows per device as on the whole mesh
     header = {
-        "format_version": FORMAT_VERSION, "num_rows": num_rows, "width": width, "dtype": dtype,
-        "max_n": fgram_set.max_n, "combine": run.cfg.fgrams.combine,
-        "tokenizer_sha256": run.info["tokenizer_sha256"], "fgram_set_fingerprint": fgram_set.fingerprint,
-        "checkpoint_fingerprint": run.fingerprint, "checkpoint_step": run.step,
-        "range_rows": range_rows, "chunk_rows": chunk_rows, "shard_rows": shard_rows,
+        "format_version": FORMAT_VERSION,
+        "num_rows": num_rows,
+        "width": width,
+        "dtype": dtype,
+        "max_n": fgram_set.max_n,
+        "combine": run.cfg.fgrams.combine,
+        "tokenizer_sha256": run.info["tokenizer_sha256"],
+        "fgram_set_fingerprint": fgram_set.fingerprint,
+        "checkpoint_fingerprint": run.fingerprint,
+        "checkpoint_step": run.step,
+        "range_rows": range_rows,
+        "chunk_rows": chunk_rows,
+        "shard_rows": shard_rows,
     }
     work = parse_location(str(final.local_path) + ".partial") if final.local_path else final
     ranges = row_ranges(num_rows, range_rows)
@@ -264,23 +360,55 @@ def export_table(run_dir: str | Path, url: str, dtype: str = "float32", step: in
         barrier("export-started")
         done = read_progress(work, header)
         state = read_json(work, progress_key(pid)) or {"header": header, "done": []}
-        arrays = create_arrays(work, num_rows, width, dtype, chunk_rows, shard_rows)  # or opens them
+        arrays = create_arrays(
+            work, num_rows, width, dtype, chunk_rows, shard_rows
+        )  # or opens them
         rows_sharding = NamedSharding(run.mesh, logical_to_spec(("fgram/batch",), run.rules))
         nodes_sharding = node_shardings(run.mesh, run.rules)
-        shardings = (nodes_sharding["fgram_nodes"], nodes_sharding["fgram_paths"], nodes_sharding["fgram_outputs"],
-                     rows_sharding, rows_sharding)
+        shardings = (
+            nodes_sharding["fgram_nodes"],
+            nodes_sharding["fgram_paths"],
+            nodes_sharding["fgram_outputs"],
+            rows_sharding,
+            rows_sharding,
+        )
         groups = fgram_groups(run.mesh, run.rules)
         fn = fgram_rows_fn(run, run.cfg.fgrams.combine)
         start = time.perf_counter()
-        bar = tqdm(total=sum(b - a for a, b in mine), initial=sum(b - a for a, b in mine if (a, b) in done),
-                   desc="export", unit="row", file=sys.stderr, disable=not progress or pid != 0, dynamic_ncols=True)
-        write_ranges([r for r in mine if r not in done],
-                     lambda a, b: compute_range(fn, run.params, fgram_set, a, b, batch_rows, groups,
-                                                 run.cfg.fgrams.block_size, shardings),
-                     arrays, dtype, work, state, bar)
+        bar = tqdm(
+            total=sum(b - a for a, b in mine),
+            initial=sum(b - a for a, b in mine if (a, b) in done),
+            desc="export",
+            unit="row",
+            file=sys.stderr,
+            disable=not progress or pid != 0,
+            dynamic_ncols=True,
+        )
+        write_ranges(
+            [r for r in mine if r not in done],
+            lambda a, b: compute_range(
+                fn,
+                run.params,
+                fgram_set,
+                a,
+                b,
+                batch_rows,
+                groups,
+                run.cfg.fgrams.block_size,
+                shardings,
+            ),
+            arrays,
+            dtype,
+            work,
+            state,
+            bar,
+        )
         bar.close()
         barrier("export-rows-written")
-        elapsed, computed = time.perf_counter() - start, num_rows - sum(b - a for a, b in done)  # by all processes
+        elapsed, computed = (
+            time.perf_counter() - start,
+            num_rows - sum(b - a for a, b in done),
+        )  # by all processes
         rows_per_s = computed / elapsed if elapsed > 0 and computed else None
         meta = commit(work, final, header, fgram_set, ranges, rows_per_s) if pid == 0 else None
         barrier("export-committed")

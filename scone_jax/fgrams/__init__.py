@@ -21,5 +21,14 @@ from scone_jax.fgrams.tag import (
     tags_for_dataset,
 )
 
-__all__ = ["Corpus", "DecodeTagger", "FgramSet", "StreamingTagger", "build_fgram_set", "select_fgrams",
-           "tag_corpus", "tag_tokens", "tags_for_dataset"]
+__all__ = [
+    "Corpus",
+    "DecodeTagger",
+    "FgramSet",
+    "StreamingTagger",
+    "build_fgram_set",
+    "select_fgrams",
+    "tag_corpus",
+    "tag_tokens",
+    "tags_for_dataset",
+]

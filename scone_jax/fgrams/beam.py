@@ -75,14 +75,20 @@ class DatasetRef:
     def shards(self, shard_tokens: int = SHARD_TOKENS) -> list[tuple[int, int]]:
         """(first document, end document) per shard of about `shard_tokens` tokens."""
         total = int(self.offsets[-1])
-        cuts = np.searchsorted(self.offsets, np.arange(shard_tokens, total, shard_tokens), side="left")
+        cuts = np.searchsorted(
+            self.offsets, np.arange(shard_tokens, total, shard_tokens), side="left"
+        )
         bounds = np.unique(np.concatenate([[0], cuts, [len(self.offsets) - 1]]))
         return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def _npy_header_length(f) -> int:
     version = np.lib.format.read_magic(f)
-    (np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0)(f)
+    (
+        np.lib.format.read_array_header_1_0
+        if version == (1, 0)
+        else np.lib.format.read_array_header_2_0
+    )(f)
     return f.tell()
 
 
@@ -105,10 +111,16 @@ class _WorkerRef:
 
 def _read_docs(shard, ref: _WorkerRef):
     lo, hi = shard
-    offs = np.frombuffer(_read_range(ref.offsets_url, ref.offsets_header + 8 * lo, 8 * (hi - lo + 1)), "<i8")
+    offs = np.frombuffer(
+        _read_range(ref.offsets_url, ref.offsets_header + 8 * lo, 8 * (hi - lo + 1)), "<i8"
+    )
     dtype = np.dtype(ref.meta["dtype"])
-    data = np.frombuffer(_read_range(ref.tokens_url, int(offs[0]) * dtype.itemsize,
-                                     int(offs[-1] - offs[0]) * dtype.itemsize), dtype)
+    data = np.frombuffer(
+        _read_range(
+            ref.tokens_url, int(offs[0]) * dtype.itemsize, int(offs[-1] - offs[0]) * dtype.itemsize
+        ),
+        dtype,
+    )
     offs = offs - offs[0]
     for a, b in zip(offs[:-1], offs[1:]):
         if b > a:
@@ -129,12 +141,18 @@ class EmitNgrams(beam.DoFn):
     def process(self, doc: np.ndarray, prev=None):
         n = self.n
         if self.vocab_size is not None and len(doc) and int(doc.max()) >= self.vocab_size:
-            raise ValueError(f"token id {int(doc.max())} out of vocabulary (expected < {self.vocab_size})")
+            raise ValueError(
+                f"token id {int(doc.max())} out of vocabulary (expected < {self.vocab_size})"
+            )
         if len(doc) < n:
             return
         if prev is not None and self._prev is None:
             self._prev = set(prev)
-        grams = np.ascontiguousarray(np.lib.stride_tricks.sliding_window_view(doc, n)).view(f"V{4 * n}").ravel()
+        grams = (
+            np.ascontiguousarray(np.lib.stride_tricks.sliding_window_view(doc, n))
+            .view(f"V{4 * n}")
+            .ravel()
+        )
         uniq, counts = np.unique(grams, return_counts=True)
         for g, c in zip(uniq.tolist(), counts.tolist()):
             if self._prev is not None and (g[:-4] not in self._prev or g[4:] not in self._prev):
@@ -165,13 +183,24 @@ def _format_row(kv) -> str:
     return f"{count}\t{' '.join(map(str, np.frombuffer(key, '>u4').tolist()))}"
 
 
-def build_pipeline(p, dataset: DatasetRef, max_n: int, min_count: int, num_fgrams: int,
-                   out_prefix: str, prune: bool = True, shard_tokens: int = SHARD_TOKENS):
+def build_pipeline(
+    p,
+    dataset: DatasetRef,
+    max_n: int,
+    min_count: int,
+    num_fgrams: int,
+    out_prefix: str,
+    prune: bool = True,
+    shard_tokens: int = SHARD_TOKENS,
+):
     """Add the counting stages to pipeline `p`; results go to files under `out_prefix`."""
     vocab = dataset.meta.get("vocab_size")
-    docs = (p | "Shards" >> beam.Create(dataset.shards(shard_tokens))
-            | "Reshuffle" >> beam.Reshuffle()
-            | "ReadDocs" >> beam.FlatMap(_read_docs, _WorkerRef(dataset)))
+    docs = (
+        p
+        | "Shards" >> beam.Create(dataset.shards(shard_tokens))
+        | "Reshuffle" >> beam.Reshuffle()
+        | "ReadDocs" >> beam.FlatMap(_read_docs, _WorkerRef(dataset))
+    )
     survivors, stats = [], []
     prev_keys = None
     for n in range(2, max_n + 1):
@@ -180,26 +209,40 @@ def build_pipeline(p, dataset: DatasetRef, max_n: int, min_count: int, num_fgram
             grams = docs | f"Emit{n}" >> beam.ParDo(emit, beam.pvalue.AsList(prev_keys))
         else:
             grams = docs | f"Emit{n}" >> beam.ParDo(emit)
-        counted = (grams | f"Sum{n}" >> beam.CombinePerKey(sum)
-                   | f"Min{n}" >> beam.Filter(lambda kv, m: kv[1] >= m, min_count))
+        counted = (
+            grams
+            | f"Sum{n}" >> beam.CombinePerKey(sum)
+            | f"Min{n}" >> beam.Filter(lambda kv, m: kv[1] >= m, min_count)
+        )
         survivors.append(counted)
         stats.append(grams | f"Cand{n}" >> beam.Map(lambda kv, n: (f"candidates\t{n}", kv[1]), n))
         stats.append(counted | f"Surv{n}" >> beam.Map(lambda kv, n: (f"survivors\t{n}", 1), n))
         prev_keys = counted | f"Keys{n}" >> beam.Keys()
     pooled = survivors | "Pool" >> beam.Flatten()
-    hist = (pooled | "Counts" >> beam.Map(lambda kv: {kv[1]: 1})
-            | "Hist" >> beam.CombineGlobally(_merge_hist))
+    hist = (
+        pooled
+        | "Counts" >> beam.Map(lambda kv: {kv[1]: 1})
+        | "Hist" >> beam.CombineGlobally(_merge_hist)
+    )
     cutoff = hist | "Cutoff" >> beam.Map(_cutoff, num_fgrams)
-    (pooled | "AtLeastCutoff" >> beam.Filter(lambda kv, c: kv[1] >= c, beam.pvalue.AsSingleton(cutoff))
-     | "Format" >> beam.Map(_format_row)
-     | "WriteRows" >> beam.io.WriteToText(FileSystems.join(out_prefix, "rows")))
-    (stats | "Stats" >> beam.Flatten() | "SumStats" >> beam.CombinePerKey(sum)
-     | "FormatStats" >> beam.MapTuple(lambda k, v: f"{k}\t{v}")
-     | "WriteStats" >> beam.io.WriteToText(FileSystems.join(out_prefix, "stats")))
+    (
+        pooled
+        | "AtLeastCutoff" >> beam.Filter(lambda kv, c: kv[1] >= c, beam.pvalue.AsSingleton(cutoff))
+        | "Format" >> beam.Map(_format_row)
+        | "WriteRows" >> beam.io.WriteToText(FileSystems.join(out_prefix, "rows"))
+    )
+    (
+        stats
+        | "Stats" >> beam.Flatten()
+        | "SumStats" >> beam.CombinePerKey(sum)
+        | "FormatStats" >> beam.MapTuple(lambda k, v: f"{k}\t{v}")
+        | "WriteStats" >> beam.io.WriteToText(FileSystems.join(out_prefix, "stats"))
+    )
 
 
 def read_results(out_prefix: str, max_n: int):
     """(tokens [M, K], lengths, counts, survivors per length, candidates per length)."""
+
     def lines(pattern):
         for m in FileSystems.match([FileSystems.join(out_prefix, pattern)])[0].metadata_list:
             with FileSystems.open(m.path) as f:
@@ -213,7 +256,7 @@ def read_results(out_prefix: str, max_n: int):
     tokens = np.full((len(rows), max_n), -1, np.int64)
     lengths = np.array([len(r) for r in rows], np.int64)
     for i, r in enumerate(rows):
-        tokens[i, :len(r)] = r
+        tokens[i, : len(r)] = r
     survivors, candidates = {}, {}
     for line in lines("stats*"):
         kind, n, v = line.split("\t")
@@ -221,9 +264,19 @@ def read_results(out_prefix: str, max_n: int):
     return tokens, lengths, np.array(counts, np.int64), survivors, candidates
 
 
-def count_with_beam(corpus, max_n: int, min_count: int, num_fgrams: int, *,
-                    pipeline_args: list[str] | None = None, tmp_dir=None, work_dir: str | None = None,
-                    dataset_url: str | None = None, prune: bool = True, shard_tokens: int = SHARD_TOKENS):
+def count_with_beam(
+    corpus,
+    max_n: int,
+    min_count: int,
+    num_fgrams: int,
+    *,
+    pipeline_args: list[str] | None = None,
+    tmp_dir=None,
+    work_dir: str | None = None,
+    dataset_url: str | None = None,
+    prune: bool = True,
+    shard_tokens: int = SHARD_TOKENS,
+):
     """Run the pipeline and read back the rows that can make the top `num_fgrams`.
 
     Workers read `dataset_url` when given (a copy of the dataset on shared storage, for a
@@ -242,13 +295,22 @@ def count_with_beam(corpus, max_n: int, min_count: int, num_fgrams: int, *,
                 dataset_url = _write_temp_dataset(corpus, local_tmp.name)
         dataset = DatasetRef(dataset_url)
         theirs = (dataset.meta.get("tokens_sha256"), int(dataset.offsets[-1]))
-        if theirs[0] and corpus.tokens_sha256 and theirs != (corpus.tokens_sha256, corpus.num_tokens):
+        if (
+            theirs[0]
+            and corpus.tokens_sha256
+            and theirs != (corpus.tokens_sha256, corpus.num_tokens)
+        ):
             raise UserError(f"{dataset_url} is not a copy of {corpus.source} (different tokens)")
-        out_prefix = (work_dir.rstrip("/") + f"/scone-fgrams-{uuid.uuid4().hex[:12]}"
-                      if work_dir else os.path.join(local_tmp.name, "out"))
+        out_prefix = (
+            work_dir.rstrip("/") + f"/scone-fgrams-{uuid.uuid4().hex[:12]}"
+            if work_dir
+            else os.path.join(local_tmp.name, "out")
+        )
         args = list(pipeline_args or ["--runner=DirectRunner"])
         with beam.Pipeline(options=PipelineOptions(args)) as p:
-            build_pipeline(p, dataset, max_n, min_count, num_fgrams, out_prefix, prune, shard_tokens)
+            build_pipeline(
+                p, dataset, max_n, min_count, num_fgrams, out_prefix, prune, shard_tokens
+            )
         return read_results(out_prefix, max_n)
     finally:
         local_tmp.cleanup()
@@ -263,5 +325,7 @@ def _write_temp_dataset(corpus, directory: str) -> str:
             f.write(corpus.read(a, a + SHARD_TOKENS).astype("<u4").tobytes())
     np.save(os.path.join(path, "doc_offsets.npy"), np.asarray(corpus.doc_offsets, np.int64))
     with open(os.path.join(path, "meta.json"), "w") as f:
-        json.dump({"dtype": "<u4", "num_tokens": corpus.num_tokens, "vocab_size": corpus.vocab_size}, f)
+        json.dump(
+            {"dtype": "<u4", "num_tokens": corpus.num_tokens, "vocab_size": corpus.vocab_size}, f
+        )
     return path

@@ -35,11 +35,23 @@ def check_settings(max_n: int, num_fgrams: int, min_count: int) -> None:
         raise UserError(f"--min-count {min_count} must be >= 1")
 
 
-def select_fgrams(corpus: Corpus, max_n: int = 5, num_fgrams: int = 100_000, min_count: int = 5, *,
-                  backend: str = "local", memory_budget: int | None = None, workers: int | None = None,
-                  force_disk: bool = False, tmp_dir=None, beam_options: list[str] | None = None,
-                  beam_dataset: str | None = None, beam_work_dir: str | None = None,
-                  beam_prune: bool = True, progress: bool = True) -> FgramSet:
+def select_fgrams(
+    corpus: Corpus,
+    max_n: int = 5,
+    num_fgrams: int = 100_000,
+    min_count: int = 5,
+    *,
+    backend: str = "local",
+    memory_budget: int | None = None,
+    workers: int | None = None,
+    force_disk: bool = False,
+    tmp_dir=None,
+    beam_options: list[str] | None = None,
+    beam_dataset: str | None = None,
+    beam_work_dir: str | None = None,
+    beam_prune: bool = True,
+    progress: bool = True,
+) -> FgramSet:
     """Count and select; returns the set in memory (nothing written)."""
     check_settings(max_n, num_fgrams, min_count)
     corpus.check_nonempty()
@@ -48,12 +60,26 @@ def select_fgrams(corpus: Corpus, max_n: int = 5, num_fgrams: int = 100_000, min
     if backend == "local":
         from scone_jax.fgrams.count import count_ngrams
 
-        counted = count_ngrams(corpus, max_n, min_count, memory_budget=memory_budget, workers=workers,
-                               force_disk=force_disk, tmp_dir=tmp_dir, progress=progress)
-        all_counts = np.concatenate([lv.counts for lv in counted.levels]) if counted.levels else np.zeros(0, np.int64)
+        counted = count_ngrams(
+            corpus,
+            max_n,
+            min_count,
+            memory_budget=memory_budget,
+            workers=workers,
+            force_disk=force_disk,
+            tmp_dir=tmp_dir,
+            progress=progress,
+        )
+        all_counts = (
+            np.concatenate([lv.counts for lv in counted.levels])
+            if counted.levels
+            else np.zeros(0, np.int64)
+        )
         rows = cutoff_rows(all_counts, num_fgrams)
         bounds = np.cumsum([0] + [len(lv.counts) for lv in counted.levels])
-        by_level = [rows[(rows >= lo) & (rows < hi)] - lo for lo, hi in zip(bounds[:-1], bounds[1:])]
+        by_level = [
+            rows[(rows >= lo) & (rows < hi)] - lo for lo, hi in zip(bounds[:-1], bounds[1:])
+        ]
         tokens, lengths, counts = counted.pooled(by_level)
         survivors = {str(lv.n): len(lv.codes) for lv in counted.levels}
         candidates = {str(lv.n): lv.candidates for lv in counted.levels}
@@ -62,11 +88,21 @@ def select_fgrams(corpus: Corpus, max_n: int = 5, num_fgrams: int = 100_000, min
         try:
             from scone_jax.fgrams.beam import count_with_beam
         except ImportError:
-            raise UserError("--backend beam needs apache-beam (pip install 'scone_jax[beam]')") from None
+            raise UserError(
+                "--backend beam needs apache-beam (pip install 'scone_jax[beam]')"
+            ) from None
 
         tokens, lengths, counts, survivors, candidates = count_with_beam(
-            corpus, max_n, min_count, num_fgrams, pipeline_args=beam_options, tmp_dir=tmp_dir,
-            dataset_url=beam_dataset, work_dir=beam_work_dir, prune=beam_prune)
+            corpus,
+            max_n,
+            min_count,
+            num_fgrams,
+            pipeline_args=beam_options,
+            tmp_dir=tmp_dir,
+            dataset_url=beam_dataset,
+            work_dir=beam_work_dir,
+            prune=beam_prune,
+        )
         extra = {}
     else:
         raise UserError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
@@ -75,12 +111,17 @@ def select_fgrams(corpus: Corpus, max_n: int = 5, num_fgrams: int = 100_000, min
         candidates.setdefault(str(n), 0)
     total = sum(survivors.values())
     if total == 0:
-        raise UserError(f"no n-gram of length 2..{max_n} occurs at least {min_count} times in {corpus.source} "
-                        f"({corpus.num_tokens} tokens); lower --min-count or count a larger corpus")
+        raise UserError(
+            f"no n-gram of length 2..{max_n} occurs at least {min_count} times in {corpus.source} "
+            f"({corpus.num_tokens} tokens); lower --min-count or count a larger corpus"
+        )
     order, cutoff = select_top(tokens, lengths, counts, num_fgrams)
     if total < num_fgrams:
-        print(f"note: only {total:,} n-grams occur at least {min_count} times; keeping all of them "
-              f"(fewer than the {num_fgrams:,} requested)", file=sys.stderr)
+        print(
+            f"note: only {total:,} n-grams occur at least {min_count} times; keeping all of them "
+            f"(fewer than the {num_fgrams:,} requested)",
+            file=sys.stderr,
+        )
     meta = {
         "vocab_size": corpus.vocab_size,
         "tokenizer_sha256": corpus.tokenizer_sha256,
@@ -97,26 +138,54 @@ def select_fgrams(corpus: Corpus, max_n: int = 5, num_fgrams: int = 100_000, min
         "count_seconds": round(time.perf_counter() - start, 3),
         **extra,
     }
-    return FgramSet.create(tokens[order, :max_n], lengths[order], counts[order], max_n=max_n,
-                           min_count=min_count, key_vocab=radix, requested=num_fgrams, **meta)
+    return FgramSet.create(
+        tokens[order, :max_n],
+        lengths[order],
+        counts[order],
+        max_n=max_n,
+        min_count=min_count,
+        key_vocab=radix,
+        requested=num_fgrams,
+        **meta,
+    )
 
 
-def build_fgram_set(corpus: Corpus, out: str | os.PathLike, max_n: int = 5, num_fgrams: int = 100_000,
-                    min_count: int = 5, *, with_stats: bool = True, overwrite: bool = False,
-                    progress: bool = True, workers: int | None = None, **kwargs) -> FgramSet:
+def build_fgram_set(
+    corpus: Corpus,
+    out: str | os.PathLike,
+    max_n: int = 5,
+    num_fgrams: int = 100_000,
+    min_count: int = 5,
+    *,
+    with_stats: bool = True,
+    overwrite: bool = False,
+    progress: bool = True,
+    workers: int | None = None,
+    **kwargs,
+) -> FgramSet:
     """Count, select, and write the set directory atomically (with stats.json and stats.png)."""
     out = Path(out)
     if out.exists() and not overwrite:
-        raise UserError(f"output directory {out} already exists (expected a new path; remove it first)")
+        raise UserError(
+            f"output directory {out} already exists (expected a new path; remove it first)"
+        )
     check_output_path(out, "output directory")
-    fs = select_fgrams(corpus, max_n, num_fgrams, min_count, progress=progress, workers=workers, **kwargs)
+    fs = select_fgrams(
+        corpus, max_n, num_fgrams, min_count, progress=progress, workers=workers, **kwargs
+    )
     with atomic_dir(out, overwrite=overwrite) as tmp:
         fs.write_into(tmp)
         if with_stats:
             from scone_jax.fgrams.tag import tag_corpus
 
-            _, _, hist = tag_corpus(fs, corpus, workers=workers, progress=progress, keep=False,
-                                    memory_budget=kwargs.get("memory_budget"))
+            _, _, hist = tag_corpus(
+                fs,
+                corpus,
+                workers=workers,
+                progress=progress,
+                keep=False,
+                memory_budget=kwargs.get("memory_budget"),
+            )
             st = stats_mod.compute_stats(fs, hist, corpus.num_tokens, corpus.source)
             stats_mod.save_stats(st, tmp / "stats.json", tmp / "stats.png")
             fs.stats = st

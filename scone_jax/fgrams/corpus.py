@@ -44,32 +44,53 @@ class Corpus:
 
             dataset = TokenizedDataset.open(dataset)
         meta = dataset.meta
-        corpus = cls(tokens=dataset.tokens, doc_offsets=np.asarray(dataset.doc_offsets, np.int64),
-                     vocab_size=dataset.vocab_size, tokenizer_sha256=meta.get("tokenizer_sha256"),
-                     tokenizer_path=meta.get("tokenizer_path"), corpus_sha256=meta.get("corpus_sha256"),
-                     tokens_sha256=meta.get("tokens_sha256"), source=str(dataset.path))
+        corpus = cls(
+            tokens=dataset.tokens,
+            doc_offsets=np.asarray(dataset.doc_offsets, np.int64),
+            vocab_size=dataset.vocab_size,
+            tokenizer_sha256=meta.get("tokenizer_sha256"),
+            tokenizer_path=meta.get("tokenizer_path"),
+            corpus_sha256=meta.get("corpus_sha256"),
+            tokens_sha256=meta.get("tokens_sha256"),
+            source=str(dataset.path),
+        )
         if isinstance(dataset.tokens, np.memmap) and dataset.tokens.filename:
             corpus._fd = os.open(dataset.tokens.filename, os.O_RDONLY)
             corpus._file_offset = int(dataset.tokens.offset)
         return corpus
 
     @classmethod
-    def from_arrays(cls, token_ids, doc_lengths=None, vocab_size: int | None = None,
-                    source: str = "arrays", tokenizer_sha256: str | None = None) -> Corpus:
+    def from_arrays(
+        cls,
+        token_ids,
+        doc_lengths=None,
+        vocab_size: int | None = None,
+        source: str = "arrays",
+        tokenizer_sha256: str | None = None,
+    ) -> Corpus:
         """Validate a 1-D integer array (and optional document lengths summing to its size)."""
         tokens = np.asarray(token_ids)
         if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
-            raise UserError(f"{source}: token ids must be a 1-D integer array (got shape {tokens.shape}, dtype {tokens.dtype})")
+            raise UserError(
+                f"{source}: token ids must be a 1-D integer array (got shape {tokens.shape}, dtype "
+                f"{tokens.dtype})"
+            )
         if vocab_size is not None and vocab_size < 1:
             raise UserError(f"vocab size {vocab_size} must be >= 1")
         if tokens.size:
             lo, hi = int(tokens.min()), int(tokens.max())
             if lo < 0:
                 pos = int(np.argmax(tokens < 0))
-                raise UserError(f"{source}: negative token id {int(tokens[pos])} at position {pos} (expected ids >= 0)")
+                raise UserError(
+                    f"{source}: negative token id {int(tokens[pos])} at position {pos} (expected "
+                    "ids >= 0)"
+                )
             if vocab_size is not None and hi >= vocab_size:
                 pos = int(np.argmax(tokens >= vocab_size))
-                raise UserError(f"{source}: token id {int(tokens[pos])} at position {pos} is out of vocabulary (expected < vocab size {vocab_size})")
+                raise UserError(
+                    f"{source}: token id {int(tokens[pos])} at position {pos} is out of vocabulary "
+                    f"(expected < vocab size {vocab_size})"
+                )
             if hi >= 2**32 - 1:
                 raise UserError(f"{source}: token id {hi} does not fit in 32 bits")
         dtype = np.uint16 if (tokens.size == 0 or hi < 2**16) else np.uint32
@@ -79,16 +100,27 @@ class Corpus:
         else:
             lengths = np.asarray(doc_lengths)
             if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
-                raise UserError(f"document lengths must be a 1-D integer array (got shape {lengths.shape}, dtype {lengths.dtype})")
+                raise UserError(
+                    f"document lengths must be a 1-D integer array (got shape {lengths.shape}, "
+                    f"dtype {lengths.dtype})"
+                )
             if lengths.size and lengths.min() < 0:
                 raise UserError(f"document lengths must be >= 0 (found {int(lengths.min())})")
             total = int(lengths.sum())
             if total != tokens.size:
-                raise UserError(f"document lengths sum to {total} but there are {tokens.size} token ids")
+                raise UserError(
+                    f"document lengths sum to {total} but there are {tokens.size} token ids"
+                )
             offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
         sha = hashlib.sha256(tokens.astype("<u4").tobytes()).hexdigest()
-        return cls(tokens=tokens, doc_offsets=offsets, vocab_size=vocab_size, source=source,
-                   tokens_sha256=sha, tokenizer_sha256=tokenizer_sha256)
+        return cls(
+            tokens=tokens,
+            doc_offsets=offsets,
+            vocab_size=vocab_size,
+            source=source,
+            tokens_sha256=sha,
+            tokenizer_sha256=tokenizer_sha256,
+        )
 
     # properties ---------------------------------------------------------------------------
 
@@ -110,7 +142,10 @@ class Corpus:
 
     def check_nonempty(self) -> None:
         if self.num_tokens == 0:
-            raise UserError(f"{self.source}: the corpus is empty (0 tokens); expected at least one document with tokens")
+            raise UserError(
+                f"{self.source}: the corpus is empty (0 tokens); expected at least one document "
+                "with tokens"
+            )
 
     def key_vocab(self) -> int:
         """The radix used to pack (prefix, token) codes: the declared vocab size, else max id + 1.
@@ -131,8 +166,10 @@ class Corpus:
             m = int(chunk.max())
             if limit is not None and m >= limit:
                 pos = a + int(np.argmax(chunk >= limit))
-                raise UserError(f"{self.source}: token id {int(chunk[pos - a])} at position {pos} is out of "
-                                f"vocabulary (expected < {what} {limit})")
+                raise UserError(
+                    f"{self.source}: token id {int(chunk[pos - a])} at position {pos} is out of "
+                    f"vocabulary (expected < {what} {limit})"
+                )
             hi = max(hi, m)
         return hi
 
@@ -163,7 +200,7 @@ class Corpus:
         lo, hi = np.searchsorted(self.doc_offsets, [a, b], side="left")
         mask[self.doc_offsets[lo:hi] - a] = True
         if b > self.num_tokens:
-            mask[max(self.num_tokens - a, 0):] = True
+            mask[max(self.num_tokens - a, 0) :] = True
         return mask
 
     def close(self) -> None:
@@ -175,8 +212,11 @@ class Corpus:
         self.close()
 
 
-def load_arrays(token_ids_path: str | os.PathLike, doc_lengths_path: str | os.PathLike | None = None,
-                vocab_size: int | None = None) -> Corpus:
+def load_arrays(
+    token_ids_path: str | os.PathLike,
+    doc_lengths_path: str | os.PathLike | None = None,
+    vocab_size: int | None = None,
+) -> Corpus:
     """`--token-ids FILE.npy [--doc-lengths FILE.npy]` as a Corpus."""
 
     def load(path, what):

@@ -1,4 +1,5 @@
-"""Exact n-gram counts for n = 2..K with Apriori pruning, vectorised, on all cores, in bounded memory.
+"""Exact n-gram counts for n = 2..K with Apriori pruning, vectorised, on all cores, in bounded
+memory.
 
 Codes, not hashes: counting is exact. A bigram is coded `t0 * V + t1` (V = the vocabulary
 radix). After pass n-1, the n-grams that reached the minimum count go into an
@@ -67,7 +68,9 @@ class Counts:
         v = _U64(self.key_vocab)
         last = (codes % v).astype(np.int64)
         prefix = (codes // v).astype(np.int64)
-        head = prefix[:, None] if n == 2 else self.tokens(n - 1, self.levels[n - 3].index.vals[prefix])
+        head = (
+            prefix[:, None] if n == 2 else self.tokens(n - 1, self.levels[n - 3].index.vals[prefix])
+        )
         return np.concatenate([head, last[:, None]], axis=1)
 
     def pooled(self, rows_by_level: list[np.ndarray] | None = None):
@@ -76,7 +79,7 @@ class Counts:
         for i, lv in enumerate(self.levels):
             rows = np.arange(len(lv.codes)) if rows_by_level is None else rows_by_level[i]
             t = np.full((len(rows), self.max_n), -1, np.int64)
-            t[:, :lv.n] = self.tokens(lv.n, rows)
+            t[:, : lv.n] = self.tokens(lv.n, rows)
             toks.append(t)
             lens.append(np.full(len(rows), lv.n, np.int64))
             cnts.append(lv.counts[rows])
@@ -85,9 +88,17 @@ class Counts:
         return np.concatenate(toks), np.concatenate(lens), np.concatenate(cnts)
 
 
-def count_ngrams(corpus: Corpus, max_n: int = 5, min_count: int = 5, *,
-                 memory_budget: int | None = None, workers: int | None = None,
-                 force_disk: bool = False, tmp_dir=None, progress: bool = True) -> Counts:
+def count_ngrams(
+    corpus: Corpus,
+    max_n: int = 5,
+    min_count: int = 5,
+    *,
+    memory_budget: int | None = None,
+    workers: int | None = None,
+    force_disk: bool = False,
+    tmp_dir=None,
+    progress: bool = True,
+) -> Counts:
     """Count every n-gram (2 <= n <= max_n) that occurs at least `min_count` times."""
     if max_n < 2:
         raise UserError(f"max n-gram length {max_n} must be >= 2")
@@ -99,7 +110,9 @@ def count_ngrams(corpus: Corpus, max_n: int = 5, min_count: int = 5, *,
     radix = corpus.key_vocab()
     scratch = outofcore.scratch_dir(tmp_dir) if p.mode == "disk" else None
     try:
-        levels = _count(corpus, max_n, min_count, radix, p, scratch.name if scratch else None, progress)
+        levels = _count(
+            corpus, max_n, min_count, radix, p, scratch.name if scratch else None, progress
+        )
     finally:
         if scratch is not None:
             scratch.cleanup()
@@ -119,15 +132,34 @@ def _count(corpus, max_n, min_count, radix, p, scratch, progress) -> list[Level]
                 if n >= 3:
                     index = levels[-1].index = _index(levels[-1])
                 if n >= 3 and (index.capacity * radix >= 2**64 - 1 or index.capacity >= 2**31 - 1):
-                    raise UserError(f"{len(levels[-1].codes)} surviving {n - 1}-grams with vocabulary {radix} "
-                                    f"overflow 64-bit codes; raise --min-count")
+                    raise UserError(
+                        f"{len(levels[-1].codes)} surviving {n - 1}-grams with vocabulary {radix} "
+                        f"overflow 64-bit codes; raise --min-count"
+                    )
                 _check_memory(levels, p)
                 ids_out = None
                 if 3 <= n < max_n:  # ids of the (n-1)-grams, read again by pass n+1
-                    ids_out = (outofcore.MemoryIds(n_tok) if p.mode == "memory"
-                               else outofcore.DiskIds(n_tok, scratch))
-                levels.append(_one_pass(pool, corpus, n, radix, max_n, min_count, index, ids_in, ids_out,
-                                        p, scratch, progress))
+                    ids_out = (
+                        outofcore.MemoryIds(n_tok)
+                        if p.mode == "memory"
+                        else outofcore.DiskIds(n_tok, scratch)
+                    )
+                levels.append(
+                    _one_pass(
+                        pool,
+                        corpus,
+                        n,
+                        radix,
+                        max_n,
+                        min_count,
+                        index,
+                        ids_in,
+                        ids_out,
+                        p,
+                        scratch,
+                        progress,
+                    )
+                )
                 if ids_in is not None:
                     ids_in.close()
                 ids_in, ids_out = ids_out, None
@@ -138,15 +170,27 @@ def _count(corpus, max_n, min_count, radix, p, scratch, progress) -> list[Level]
     return levels
 
 
-def _one_pass(pool, corpus, n, radix, max_n, min_count, index, ids_in, ids_out, p, scratch, progress) -> Level:
+def _one_pass(
+    pool, corpus, n, radix, max_n, min_count, index, ids_in, ids_out, p, scratch, progress
+) -> Level:
     """Scan the corpus in chunks into partitions of candidate codes, then count each partition."""
     n_tok = corpus.num_tokens
     layout = _Layout.for_pass((radix if n == 2 else index.capacity) * radix, p)
-    parts = (outofcore.MemoryPartitions(layout.parts, layout.dtype) if p.mode == "memory"
-             else outofcore.DiskPartitions(layout.parts, layout.dtype, scratch))
+    parts = (
+        outofcore.MemoryPartitions(layout.parts, layout.dtype)
+        if p.mode == "memory"
+        else outofcore.DiskPartitions(layout.parts, layout.dtype, scratch)
+    )
     job = _PassJob(corpus, n, radix, max_n, index, ids_in, ids_out, parts, layout)
-    bar = tqdm(total=n_tok, unit="tok", unit_scale=True, desc=f"count n={n}",
-               disable=not progress, file=sys.stderr, leave=False)
+    bar = tqdm(
+        total=n_tok,
+        unit="tok",
+        unit_scale=True,
+        desc=f"count n={n}",
+        disable=not progress,
+        file=sys.stderr,
+        leave=False,
+    )
 
     def count_part(q: int):
         return _count_partition(parts.take(q, p.partition_limit), min_count, layout.base(q))
@@ -176,10 +220,14 @@ def _index(level: Level) -> HashIndex:
 
 
 def _check_memory(levels: list[Level], p: outofcore.Plan) -> None:
-    held = sum(lv.codes.nbytes + lv.counts.nbytes + (lv.index.nbytes if lv.index else 0) for lv in levels)
+    held = sum(
+        lv.codes.nbytes + lv.counts.nbytes + (lv.index.nbytes if lv.index else 0) for lv in levels
+    )
     if held > max(p.budget * 0.5, outofcore.MIN_SURVIVOR_BYTES):
-        raise UserError(f"the surviving n-grams need {held / 2**20:.0f} MiB, more than half the memory budget "
-                        f"({p.budget / 2**20:.0f} MiB); raise --memory-budget or --min-count")
+        raise UserError(
+            f"the surviving n-grams need {held / 2**20:.0f} MiB, more than half the memory budget "
+            f"({p.budget / 2**20:.0f} MiB); raise --memory-budget or --min-count"
+        )
 
 
 @dataclass
@@ -204,21 +252,21 @@ class _PassJob:
             t = np.concatenate([t, np.zeros(width - len(t), t.dtype)])
         if n == 2:
             ok = ~self.corpus.starts(a + 1, a + L + 1)
-            codes = _pack(t[:L], v, t[1:L + 1], ok)
+            codes = _pack(t[:L], v, t[1 : L + 1], ok)
         else:
             if n == 3:  # ids of the bigrams at a .. b (one past the chunk, for suffixes)
                 ok = ~self.corpus.starts(a + 1, a + L + 2)
-                prev_codes = _pack(t[:L + 1], v, t[1:L + 2], ok)
+                prev_codes = _pack(t[: L + 1], v, t[1 : L + 2], ok)
             else:
                 prev = self.ids_in.read(a, a + L + 2)
                 ok = _both_survived(prev)
-                prev_codes = _pack(prev[:L + 1], v, t[n - 2:n - 1 + L], ok)
+                prev_codes = _pack(prev[: L + 1], v, t[n - 2 : n - 1 + L], ok)
             ids = np.full(L + 1, -1, np.int32)
             ids[ok] = self.index.slots(prev_codes)
             if self.ids_out is not None:
                 self.ids_out.write(a, ids[:L])
             ok = _both_survived(ids)
-            codes = _pack(ids[:L], v, t[n - 1:n - 1 + L], ok)
+            codes = _pack(ids[:L], v, t[n - 1 : n - 1 + L], ok)
         self._scatter(codes)
         return L, len(codes)
 
@@ -335,8 +383,8 @@ def _runs(k: np.ndarray, min_count: int) -> tuple[np.ndarray, np.ndarray]:
     first[0] = True
     np.not_equal(k[1:], k[:-1], out=first[1:])
     if min_count > 1:  # a run starting at j is long enough iff k[j] == k[j + min_count - 1]
-        first[n - min_count + 1:] = False
-        first[:n - min_count + 1] &= k[min_count - 1:] == k[:n - min_count + 1]
+        first[n - min_count + 1 :] = False
+        first[: n - min_count + 1] &= k[min_count - 1 :] == k[: n - min_count + 1]
     starts = np.flatnonzero(first)
     ends = np.searchsorted(k, k[starts], side="right")
     return k[starts], (ends - starts).astype(np.int64)

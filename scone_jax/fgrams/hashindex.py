@@ -1,13 +1,12 @@
 """A vectorised open-addressing hash map from unique uint64 keys to non-negative ints.
 
-Counting and tagging map millions of exact n-gram codes to ids per pass. A sorted array
-plus `np.searchsorted` costs ~log2(n) dependent cache misses per query; this table costs
-about one (load factor <= 1/2, linear probing, Fibonacci hashing). Build and lookups are whole-array numpy
-operations (a few probing rounds, each on the shrinking set of queries still unresolved),
-never a Python loop per key. Queries follow a Zipf law, so keys are placed in the order
-given: callers pass the most frequent first, and those sit in their home slot, where a
-query costs one gather and no probing round; a per-slot spill flag stops most queries for
-absent keys there too.
+Counting and tagging map millions of exact n-gram codes to ids per pass. A sorted array plus
+`np.searchsorted` costs ~log2(n) dependent cache misses per query; this table costs about one (load
+factor <= 1/2, linear probing, Fibonacci hashing). Build and lookups are whole-array numpy
+operations (a few probing rounds, each on the shrinking set of queries still unresolved), never a
+Python loop per key. Queries follow a Zipf law, so keys are placed in the order given: callers pass
+the most frequent first, and those sit in their home slot, where a query costs one gather and no
+probing round; a per-slot spill flag stops most queries for absent keys there too.
 """
 
 from __future__ import annotations
@@ -70,7 +69,9 @@ class HashIndex:
         home = self._slot(self.keys[occupied])
         self.spill = np.zeros(size, bool)
         self.spill[home[home != occupied]] = True
-        self.vals = claim.astype(np.int32 if n == 0 or values.max() < 2**31 - 1 else np.int64, copy=False)
+        self.vals = claim.astype(
+            np.int32 if n == 0 or values.max() < 2**31 - 1 else np.int64, copy=False
+        )
         self.vals[occupied] = values[claim[occupied]]
 
     def _slot(self, q: np.ndarray) -> np.ndarray:

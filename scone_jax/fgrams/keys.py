@@ -80,6 +80,6 @@ def suffix_keys(tokens: np.ndarray, n: int, seed: int = 0) -> np.ndarray:
     h = _start(np.full(m, n), seed)
     t64 = tokens.astype(np.int64).astype(np.uint64)
     for j in range(n):
-        h ^= t64[j:j + m]
+        h ^= t64[j : j + m]
         fmix64(h)
     return h

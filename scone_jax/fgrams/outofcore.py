@@ -47,7 +47,9 @@ def parse_size(text: str | int) -> int:
     try:
         value = float(s[:-1] if scale > 1 else s)
     except ValueError:
-        raise UserError(f"memory budget {text!r} is not a size (expected e.g. 512M, 4G or a byte count)") from None
+        raise UserError(
+            f"memory budget {text!r} is not a size (expected e.g. 512M, 4G or a byte count)"
+        ) from None
     if value <= 0:
         raise UserError(f"memory budget {text!r} must be positive")
     return int(value * scale)
@@ -71,7 +73,8 @@ class Plan:
 
     @property
     def partition_limit(self) -> int:
-        """Keys one worker may hold while counting a partition (a quarter of its share of the budget)."""
+        """Keys one worker may hold while counting a partition (a quarter of its share of the
+        budget)."""
         return max(1 << 12, self.budget // (4 * self.workers * SORT_BYTES_PER_KEY))
 
 
@@ -104,12 +107,12 @@ class MemoryIds:
         self.arr = np.empty(n, dtype)
 
     def write(self, a: int, ids: np.ndarray) -> None:
-        self.arr[a:a + len(ids)] = ids
+        self.arr[a : a + len(ids)] = ids
 
     def read(self, a: int, b: int) -> np.ndarray:
         out = np.full(b - a, -1, self.arr.dtype)
         part = self.arr[a:b]
-        out[:len(part)] = part
+        out[: len(part)] = part
         return out
 
     def close(self) -> None:
@@ -140,7 +143,7 @@ class DiskIds:
             view, got = memoryview(buf), 0
             while got < want:
                 got += os.preadv(self.fd, [view[got:]], a * self.dtype.itemsize + got)
-            out[:hi - a] = np.frombuffer(buf, self.dtype)
+            out[: hi - a] = np.frombuffer(buf, self.dtype)
         return out
 
     def close(self) -> None:
@@ -215,4 +218,6 @@ def scratch_dir(tmp_dir: str | os.PathLike | None) -> tempfile.TemporaryDirector
             Path(tmp_dir).mkdir(parents=True, exist_ok=True)
         return tempfile.TemporaryDirectory(prefix="scone-fgrams-", dir=tmp_dir)
     except OSError as e:
-        raise UserError(f"cannot create a scratch directory under {tmp_dir or tempfile.gettempdir()}: {e}") from None
+        raise UserError(
+            f"cannot create a scratch directory under {tmp_dir or tempfile.gettempdir()}: {e}"
+        ) from None

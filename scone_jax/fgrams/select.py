@@ -26,8 +26,9 @@ def rank_order(tokens: np.ndarray, lengths: np.ndarray, counts: np.ndarray) -> n
     return np.lexsort((*cols, np.asarray(lengths), -np.asarray(counts, dtype=np.int64)))
 
 
-def select_top(tokens: np.ndarray, lengths: np.ndarray, counts: np.ndarray,
-               num: int) -> tuple[np.ndarray, int | None]:
+def select_top(
+    tokens: np.ndarray, lengths: np.ndarray, counts: np.ndarray, num: int
+) -> tuple[np.ndarray, int | None]:
     """Rows of the top `num` in rank order, and the cutoff (the last kept row's count)."""
     rows = cutoff_rows(counts, num)
     order = rows[rank_order(tokens[rows], lengths[rows], counts[rows])][:num]

@@ -25,8 +25,10 @@ def set_stats(fs) -> dict:
         "survivors_per_length": fs.meta.get("survivors_per_length"),
     }
     if counts.size:
-        out["count_quantiles"] = {q: int(np.quantile(counts, p, method="nearest"))
-                                  for q, p in (("max", 1.0), ("p50", 0.5), ("p10", 0.1), ("min", 0.0))}
+        out["count_quantiles"] = {
+            q: int(np.quantile(counts, p, method="nearest"))
+            for q, p in (("max", 1.0), ("p50", 0.5), ("p10", 0.1), ("min", 0.0))
+        }
         hi = max(int(counts.max()), int(counts.min()) + 1)
         edges = np.unique(np.geomspace(max(int(counts.min()), 1), hi + 1, 40).astype(np.int64))
         hist, _ = np.histogram(counts, bins=edges)
@@ -49,8 +51,9 @@ def coverage_stats(hist: np.ndarray, num_tokens: int) -> dict:
     }
 
 
-def compute_stats(fs, hist: np.ndarray | None = None, num_tokens: int | None = None,
-                  corpus: str | None = None) -> dict:
+def compute_stats(
+    fs, hist: np.ndarray | None = None, num_tokens: int | None = None, corpus: str | None = None
+) -> dict:
     out = {"fgram_set": set_stats(fs)}
     if hist is not None:
         out["coverage"] = {"corpus": corpus, **coverage_stats(hist, num_tokens)}
@@ -59,20 +62,28 @@ def compute_stats(fs, hist: np.ndarray | None = None, num_tokens: int | None = N
 
 def format_stats(stats: dict) -> str:
     s = stats["fgram_set"]
-    lines = [f"f-grams: {s['num_fgrams']:,} (requested {s['requested_num_fgrams']:,}), "
-             f"K = {s['max_n']}, min count {s['min_count']}, cutoff count {s['cutoff_count']}"]
+    lines = [
+        f"f-grams: {s['num_fgrams']:,} (requested {s['requested_num_fgrams']:,}), "
+        f"K = {s['max_n']}, min count {s['min_count']}, cutoff count {s['cutoff_count']}"
+    ]
     per = s["fgrams_per_length"]
     lines.append("per length: " + ", ".join(f"{n}: {c:,}" for n, c in per.items()))
     if s.get("count_quantiles"):
         q = s["count_quantiles"]
-        lines.append(f"counts: max {q['max']:,}, median {q['p50']:,}, p10 {q['p10']:,}, min {q['min']:,}")
+        lines.append(
+            f"counts: max {q['max']:,}, median {q['p50']:,}, p10 {q['p10']:,}, min {q['min']:,}"
+        )
     if "coverage" in stats:
         c = stats["coverage"]
-        lines.append(f"coverage of {c.get('corpus') or 'the corpus'}: {c['coverage']:.2%} of {c['num_tokens']:,} tokens "
-                     f"matched, mean match length {c['mean_match_length']:.2f} "
-                     f"({c['mean_match_length_all_tokens']:.2f} over all tokens)")
-        lines.append("tokens matched per length: " + ", ".join(
-            f"{n}: {m:,}" for n, m in c["tokens_matched_per_length"].items()))
+        lines.append(
+            f"coverage of {c.get('corpus') or 'the corpus'}: {c['coverage']:.2%} of "
+            f"{c['num_tokens']:,} tokens matched, mean match length {c['mean_match_length']:.2f} "
+            f"({c['mean_match_length_all_tokens']:.2f} over all tokens)"
+        )
+        lines.append(
+            "tokens matched per length: "
+            + ", ".join(f"{n}: {m:,}" for n, m in c["tokens_matched_per_length"].items())
+        )
     return "\n".join(lines)
 
 
@@ -87,17 +98,29 @@ def plot_stats(stats: dict, path: str | os.PathLike) -> None:
     lengths = [int(n) for n in s["fgrams_per_length"]]
     ax = axes[0]
     width = 0.4
-    ax.bar(np.array(lengths) - width / 2, list(s["fgrams_per_length"].values()), width, label="f-grams in the set")
+    ax.bar(
+        np.array(lengths) - width / 2,
+        list(s["fgrams_per_length"].values()),
+        width,
+        label="f-grams in the set",
+    )
     ax.set_xlabel("f-gram length")
     ax.set_ylabel("f-grams")
     ax.set_xticks(lengths)
     if "coverage" in stats:
         c = stats["coverage"]
         ax2 = ax.twinx()
-        ax2.bar(np.array(lengths) + width / 2, [c["tokens_matched_per_length"][str(n)] for n in lengths], width,
-                color="tab:orange", label="tokens matched")
+        ax2.bar(
+            np.array(lengths) + width / 2,
+            [c["tokens_matched_per_length"][str(n)] for n in lengths],
+            width,
+            color="tab:orange",
+            label="tokens matched",
+        )
         ax2.set_ylabel("tokens whose longest match has this length")
-        ax.set_title(f"coverage {c['coverage']:.1%}, mean match length {c['mean_match_length']:.2f}")
+        ax.set_title(
+            f"coverage {c['coverage']:.1%}, mean match length {c['mean_match_length']:.2f}"
+        )
         handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
         ax.legend(handles=handles, loc="upper right")
     else:
@@ -129,7 +152,9 @@ def plot_stats(stats: dict, path: str | os.PathLike) -> None:
             os.unlink(tmp)
 
 
-def save_stats(stats: dict, json_path: str | os.PathLike | None, png_path: str | os.PathLike | None) -> None:
+def save_stats(
+    stats: dict, json_path: str | os.PathLike | None, png_path: str | os.PathLike | None
+) -> None:
     if json_path is not None:
         atomic_write_json(json_path, stats)
     if png_path is not None:

@@ -36,7 +36,10 @@ from scone_jax.fgrams import keys as keymod
 
 FORMAT_VERSION = 1
 ARRAYS = ("tokens", "lengths", "counts", "keys", "key_ids")
-FILES = tuple(f"{name}.npy" for name in ARRAYS) + ("meta.json", MANIFEST)  # what a copy of a set must carry
+FILES = tuple(f"{name}.npy" for name in ARRAYS) + (
+    "meta.json",
+    MANIFEST,
+)  # what a copy of a set must carry
 MAX_SEEDS = 8
 
 
@@ -63,9 +66,18 @@ class FgramSet:
     # creation -----------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, tokens: np.ndarray, lengths: np.ndarray, counts: np.ndarray, *,
-               max_n: int, min_count: int, key_vocab: int, requested: int | None = None,
-               **meta: Any) -> FgramSet:
+    def create(
+        cls,
+        tokens: np.ndarray,
+        lengths: np.ndarray,
+        counts: np.ndarray,
+        *,
+        max_n: int,
+        min_count: int,
+        key_vocab: int,
+        requested: int | None = None,
+        **meta: Any,
+    ) -> FgramSet:
         """Arrays in id order -> a set with keys (collision-checked) and complete meta."""
         s = len(lengths)
         tok_dtype = np.int32 if key_vocab <= 2**31 - 1 else np.int64
@@ -82,12 +94,16 @@ class FgramSet:
             if not dup.size:
                 break
             a, b = order[dup[0]], order[dup[0] + 1]
-            print(f"warning: f-grams {a} and {b} share the 64-bit key {int(sorted_keys[dup[0]]):#x} "
-                  f"under seed {seed} ({dup.size} collisions); re-hashing with seed {seed + 1}",
-                  file=sys.stderr)
+            print(
+                f"warning: f-grams {a} and {b} share the 64-bit key {int(sorted_keys[dup[0]]):#x} "
+                f"under seed {seed} ({dup.size} collisions); re-hashing with seed {seed + 1}",
+                file=sys.stderr,
+            )
         else:
-            raise KeyCollisionError(f"f-gram keys still collide after {MAX_SEEDS} seeds ({dup.size} duplicate keys); "
-                                    f"the key hash {keymod.KEY_HASH} is broken")
+            raise KeyCollisionError(
+                f"f-gram keys still collide after {MAX_SEEDS} seeds ({dup.size} duplicate keys); "
+                f"the key hash {keymod.KEY_HASH} is broken"
+            )
         full = {
             "format_version": FORMAT_VERSION,
             "max_n": int(max_n),
@@ -108,8 +124,9 @@ class FgramSet:
     def _finish_meta(self) -> None:
         sums = {name: array_sha256(getattr(self, name)) for name in ARRAYS}
         self.meta["sha256"] = sums
-        ident = json.dumps({"sha256": sums, "max_n": self.max_n, "key_seed": self.key_seed},
-                           sort_keys=True)
+        ident = json.dumps(
+            {"sha256": sums, "max_n": self.max_n, "key_seed": self.key_seed}, sort_keys=True
+        )
         self.meta["fingerprint"] = hashlib.sha256(ident.encode()).hexdigest()
 
     # io -----------------------------------------------------------------------------------
@@ -124,8 +141,9 @@ class FgramSet:
         """Write the arrays and meta into an existing (temporary) directory."""
         for name in ARRAYS:
             np.save(directory / f"{name}.npy", getattr(self, name))
-        (directory / "meta.json").write_text(json.dumps(self.meta, indent=2, sort_keys=True) + "\n",
-                                             encoding="utf-8")
+        (directory / "meta.json").write_text(
+            json.dumps(self.meta, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+        )
         write_manifest(directory, FILES[:-1])
 
     @classmethod
@@ -134,14 +152,20 @@ class FgramSet:
         path = Path(directory)
         meta_path = path / "meta.json"
         if not meta_path.is_file():
-            raise UserError(f"{path} is not an f-gram set (no meta.json; expected the output of `scone-jax fgrams build`)")
+            raise UserError(
+                f"{path} is not an f-gram set (no meta.json; expected the output of `scone-jax "
+                "fgrams build`)"
+            )
         checked = verify and verify_manifest(path, required=FILES[:-1])
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             raise UserError(f"{meta_path} is unreadable or corrupt: {e}") from None
         if meta.get("format_version") != FORMAT_VERSION:
-            raise UserError(f"{meta_path}: format_version={meta.get('format_version')!r} (expected {FORMAT_VERSION})")
+            raise UserError(
+                f"{meta_path}: format_version={meta.get('format_version')!r} (expected "
+                f"{FORMAT_VERSION})"
+            )
         arrays = {}
         for name in ARRAYS:
             try:
@@ -152,11 +176,18 @@ class FgramSet:
         want = {"tokens": (s, k), "lengths": (s,), "counts": (s,), "keys": (s,), "key_ids": (s,)}
         for name, shape in want.items():
             if arrays[name].shape != shape:
-                raise UserError(f"{path / (name + '.npy')} has shape {arrays[name].shape} (expected {shape}); the set is corrupt")
-        if verify and not checked:  # a set written before manifests: its arrays' sha256 in meta.json
+                raise UserError(
+                    f"{path / (name + '.npy')} has shape {arrays[name].shape} (expected {shape}); "
+                    "the set is corrupt"
+                )
+        if (
+            verify and not checked
+        ):  # a set written before manifests: its arrays' sha256 in meta.json
             for name in ARRAYS:
                 if array_sha256(arrays[name]) != meta["sha256"][name]:
-                    raise UserError(f"{path / (name + '.npy')} fails its checksum; the set is corrupt")
+                    raise UserError(
+                        f"{path / (name + '.npy')} fails its checksum; the set is corrupt"
+                    )
         return cls(meta=meta, path=path, **arrays)
 
     # accessors ----------------------------------------------------------------------------
@@ -194,14 +225,18 @@ class FgramSet:
         return self.meta.get("cutoff_count")
 
     def fgram(self, i: int) -> tuple[int, ...]:
-        return tuple(int(t) for t in self.tokens[i, :self.lengths[i]])
+        return tuple(int(t) for t in self.tokens[i, : self.lengths[i]])
 
     def lookup_keys(self, keys: np.ndarray) -> np.ndarray:
         """Ids of the f-grams with these 64-bit keys (-1 where absent): the serving lookup."""
         keys = np.asarray(keys, np.uint64)
         pos = np.searchsorted(self.keys, keys)
         pos_c = np.minimum(pos, max(len(self.keys) - 1, 0))
-        hit = (pos < len(self.keys)) & (self.keys[pos_c] == keys) if len(self.keys) else np.zeros(len(keys), bool)
+        hit = (
+            (pos < len(self.keys)) & (self.keys[pos_c] == keys)
+            if len(self.keys)
+            else np.zeros(len(keys), bool)
+        )
         return np.where(hit, self.key_ids[pos_c] if len(self.keys) else -1, -1)
 
     def tagger(self):
@@ -213,8 +248,12 @@ class FgramSet:
         return self._tagger
 
     def check_tokenizer(self, tokenizer_sha256: str | None, what: str) -> None:
-        """Refuse data tokenized differently from the counted corpus (unknown on either side passes)."""
+        """Refuse data tokenized differently from the counted corpus (unknown on either side
+        passes)."""
         mine = self.tokenizer_sha256
         if mine and tokenizer_sha256 and mine != tokenizer_sha256:
-            raise UserError(f"{what} was tokenized with tokenizer {tokenizer_sha256[:12]}... but the f-gram set "
-                            f"{self.path or ''} was counted with {mine[:12]}...; rebuild the set or retokenize")
+            raise UserError(
+                f"{what} was tokenized with tokenizer {tokenizer_sha256[:12]}... but the f-gram "
+                f"set {self.path or ''} was counted with {mine[:12]}...; rebuild the set or "
+                "retokenize"
+            )

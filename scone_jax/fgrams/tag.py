@@ -49,16 +49,23 @@ class Tagger:
         self.tables: dict[int, HashIndex] = {}
         for n in range(2, self.max_n + 1):
             rows = np.flatnonzero(lengths == n)
-            prefix = self._chain(toks[rows, :n - 1], n - 1) if n > 2 else toks[rows, 0]
+            prefix = self._chain(toks[rows, : n - 1], n - 1) if n > 2 else toks[rows, 0]
             if np.any(prefix < 0):
-                raise UserError(f"f-gram set {fs.path or ''} is not closed under prefixes "
-                                f"(f-gram {int(rows[np.argmax(prefix < 0)])} lacks its prefix); was it built by `scone-jax fgrams build`?")
-            self.tables[n] = HashIndex(prefix.astype(np.uint64) * v + toks[rows, n - 1].astype(np.uint64), rows,
-                                       load=0.5)  # smaller tables: tagging is bound by cache misses
+                raise UserError(
+                    f"f-gram set {fs.path or ''} is not closed under prefixes (f-gram "
+                    f"{int(rows[np.argmax(prefix < 0)])} lacks its prefix); was it built by "
+                    "`scone-jax fgrams build`?"
+                )
+            self.tables[n] = HashIndex(
+                prefix.astype(np.uint64) * v + toks[rows, n - 1].astype(np.uint64), rows, load=0.5
+            )  # smaller tables: tagging is bound by cache misses
         for n in range(3, self.max_n + 1):  # suffix closure, which the pruning relies on
             rows = np.flatnonzero(lengths == n)
             if np.any(self._chain(toks[rows, 1:n], n - 1) < 0):
-                raise UserError(f"f-gram set {fs.path or ''} is not closed under suffixes; was it built by `scone-jax fgrams build`?")
+                raise UserError(
+                    f"f-gram set {fs.path or ''} is not closed under suffixes; was it built by "
+                    "`scone-jax fgrams build`?"
+                )
 
     def _chain(self, toks: np.ndarray, n: int) -> np.ndarray:
         """Slot in table n of each row of toks [R, n] (-1 where some prefix is missing)."""
@@ -67,7 +74,9 @@ class Tagger:
         for k in range(3, n + 1):
             ok = np.flatnonzero(slot >= 0)
             nxt = np.full(len(slot), -1, np.int64)
-            nxt[ok] = self.tables[k].slots(slot[ok].astype(np.uint64) * v + toks[ok, k - 1].astype(np.uint64))
+            nxt[ok] = self.tables[k].slots(
+                slot[ok].astype(np.uint64) * v + toks[ok, k - 1].astype(np.uint64)
+            )
             slot = nxt
         return slot
 
@@ -134,9 +143,19 @@ def reserved_npy(path, dtype, length: int) -> np.memmap:
     return array
 
 
-def tag_corpus(fs, corpus: Corpus, out_ids=None, out_lengths=None, *, workers: int | None = None,
-               progress: bool = True, chunk: int | None = None, keep: bool = True,
-               memory_budget: int | None = None, span: tuple[int, int] | None = None):
+def tag_corpus(
+    fs,
+    corpus: Corpus,
+    out_ids=None,
+    out_lengths=None,
+    *,
+    workers: int | None = None,
+    progress: bool = True,
+    chunk: int | None = None,
+    keep: bool = True,
+    memory_budget: int | None = None,
+    span: tuple[int, int] | None = None,
+):
     """Tag a whole corpus chunk by chunk on a thread pool.
 
     Returns (ids, lengths, match_length_histogram); ids/lengths are in-memory arrays, or
@@ -151,8 +170,11 @@ def tag_corpus(fs, corpus: Corpus, out_ids=None, out_lengths=None, *, workers: i
     n_tok, k = corpus.num_tokens, fs.max_n
     workers = workers or os.cpu_count() or 1
     if chunk is None:
-        chunk = TAG_CHUNK if memory_budget is None else int(np.clip(memory_budget // (4 * workers * 100),
-                                                                    1 << 12, TAG_CHUNK))
+        chunk = (
+            TAG_CHUNK
+            if memory_budget is None
+            else int(np.clip(memory_budget // (4 * workers * 100), 1 << 12, TAG_CHUNK))
+        )
     first, end = span or (0, n_tok)
     if out_ids is not None and span is not None:
         ids = np.load(out_ids, mmap_mode="r+", allow_pickle=False)
@@ -172,12 +194,19 @@ def tag_corpus(fs, corpus: Corpus, out_ids=None, out_lengths=None, *, workers: i
         starts = corpus.starts(lo, b)
         i, n = tagger.tag_window(t, starts)
         if ids is not None:
-            ids[a:b], lens[a:b] = i[a - lo:], n[a - lo:]
-        return np.bincount(n[a - lo:], minlength=k + 1)
+            ids[a:b], lens[a:b] = i[a - lo :], n[a - lo :]
+        return np.bincount(n[a - lo :], minlength=k + 1)
 
     hist = np.zeros(k + 1, np.int64)
-    bar = tqdm(total=end - first, unit="tok", unit_scale=True, desc="tag", disable=not progress,
-               file=sys.stderr, leave=False)
+    bar = tqdm(
+        total=end - first,
+        unit="tok",
+        unit_scale=True,
+        desc="tag",
+        disable=not progress,
+        file=sys.stderr,
+        leave=False,
+    )
     with ThreadPoolExecutor(workers) as pool:
         for h in pool.map(job, range(first, end, chunk)):
             hist += h
@@ -192,9 +221,15 @@ def tag_corpus(fs, corpus: Corpus, out_ids=None, out_lengths=None, *, workers: i
 def check_vocab(fs, corpus: Corpus) -> None:
     """Tokens the set's vocabulary does not know are an error when both sides declare one."""
     fs.check_tokenizer(corpus.tokenizer_sha256, corpus.source)
-    if fs.vocab_size is not None and corpus.vocab_size is not None and corpus.vocab_size > fs.vocab_size:
-        raise UserError(f"{corpus.source} has vocab size {corpus.vocab_size} but the f-gram set was counted "
-                        f"with vocab size {fs.vocab_size}")
+    if (
+        fs.vocab_size is not None
+        and corpus.vocab_size is not None
+        and corpus.vocab_size > fs.vocab_size
+    ):
+        raise UserError(
+            f"{corpus.source} has vocab size {corpus.vocab_size} but the f-gram set was counted "
+            f"with vocab size {fs.vocab_size}"
+        )
     if fs.vocab_size is not None and corpus.vocab_size is None:
         corpus.check_below(fs.vocab_size, "the f-gram set's vocab size")
 
@@ -206,9 +241,16 @@ def tags_dir(dataset_path: str | os.PathLike, fs) -> Path:
     return Path(dataset_path) / TAGS_DIR / fs.fingerprint[:16]
 
 
-def tags_for_dataset(dataset, fs, *, workers: int | None = None, progress: bool = True,
-                     process_index: int = 0, process_count: int = 1,
-                     barrier: Callable[[str], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def tags_for_dataset(
+    dataset,
+    fs,
+    *,
+    workers: int | None = None,
+    progress: bool = True,
+    process_index: int = 0,
+    process_count: int = 1,
+    barrier: Callable[[str], None] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """(ids int32 [N], lengths uint8 [N]) for every token of a tokenized dataset.
 
     Loads `DATASET/tags/<fingerprint>/` when it exists, matches this set and dataset, and passes
@@ -223,25 +265,42 @@ def tags_for_dataset(dataset, fs, *, workers: int | None = None, progress: bool 
         dataset = TokenizedDataset.open(dataset)
     fs.check_tokenizer(dataset.meta.get("tokenizer_sha256"), str(dataset.path))
     final = tags_dir(dataset.path, fs)
-    want = {"fgram_fingerprint": fs.fingerprint, "tokens_sha256": dataset.meta.get("tokens_sha256"),
-            "num_tokens": dataset.num_tokens}
+    want = {
+        "fgram_fingerprint": fs.fingerprint,
+        "tokens_sha256": dataset.meta.get("tokens_sha256"),
+        "num_tokens": dataset.num_tokens,
+    }
     found = _load_tags(final, want)
     if process_count > 1:
         barrier("tags-checked")  # every process has looked before any starts writing
         if found is None:
-            return _tag_split(dataset, fs, final, want, process_index, process_count, barrier, workers, progress)
+            return _tag_split(
+                dataset, fs, final, want, process_index, process_count, barrier, workers, progress
+            )
     if found is not None:
         return found
     corpus = Corpus.from_dataset(dataset)
     try:
         with atomic_dir(final, overwrite=True) as tmp:
-            _, _, hist = tag_corpus(fs, corpus, tmp / "ids.npy", tmp / "lengths.npy",
-                                    workers=workers, progress=progress)
-            (tmp / "meta.json").write_text(json.dumps({**want, "match_length_histogram": hist.tolist(),
-                                                       "fgram_set": str(fs.path or "")}, indent=2) + "\n")
+            _, _, hist = tag_corpus(
+                fs, corpus, tmp / "ids.npy", tmp / "lengths.npy", workers=workers, progress=progress
+            )
+            (tmp / "meta.json").write_text(
+                json.dumps(
+                    {
+                        **want,
+                        "match_length_histogram": hist.tolist(),
+                        "fgram_set": str(fs.path or ""),
+                    },
+                    indent=2,
+                )
+                + "\n"
+            )
             write_manifest(tmp)
     except PermissionError:
-        print(f"warning: cannot write tags beside {dataset.path}; tagging in memory", file=sys.stderr)
+        print(
+            f"warning: cannot write tags beside {dataset.path}; tagging in memory", file=sys.stderr
+        )
         ids, lens, _ = tag_corpus(fs, corpus, workers=workers, progress=progress)
         return ids, lens
     except OSError:
@@ -254,8 +313,17 @@ def tags_for_dataset(dataset, fs, *, workers: int | None = None, progress: bool 
     return found
 
 
-def _tag_split(dataset, fs, final: Path, want: dict, process_index: int, process_count: int,
-               barrier: Callable[[str], None], workers: int | None, progress: bool):
+def _tag_split(
+    dataset,
+    fs,
+    final: Path,
+    want: dict,
+    process_index: int,
+    process_count: int,
+    barrier: Callable[[str], None],
+    workers: int | None,
+    progress: bool,
+):
     """Each process tags a contiguous share of the tokens into files process 0 created; process
     0 then adds the histograms, writes meta.json and the manifest, and renames the directory
     into place. Shares may cut documents: each chunk reads K-1 tokens of left context."""
@@ -269,8 +337,15 @@ def _tag_split(dataset, fs, final: Path, want: dict, process_index: int, process
     barrier("tags-staged")
     bounds = np.linspace(0, n_tok, process_count + 1).astype(np.int64)
     span = (int(bounds[process_index]), int(bounds[process_index + 1]))
-    _, _, hist = tag_corpus(fs, Corpus.from_dataset(dataset), staging / "ids.npy", staging / "lengths.npy",
-                            workers=workers, progress=progress, span=span)
+    _, _, hist = tag_corpus(
+        fs,
+        Corpus.from_dataset(dataset),
+        staging / "ids.npy",
+        staging / "lengths.npy",
+        workers=workers,
+        progress=progress,
+        span=span,
+    )
     atomic_write_json(staging / f"histogram.{process_index}.json", hist.tolist())
     barrier("tags-written")
     if process_index == 0:
@@ -278,15 +353,22 @@ def _tag_split(dataset, fs, final: Path, want: dict, process_index: int, process
         total = np.sum([json.loads(part.read_text()) for part in parts], axis=0)
         for part in parts:
             part.unlink()
-        (staging / "meta.json").write_text(json.dumps({**want, "match_length_histogram": total.tolist(),
-                                                       "fgram_set": str(fs.path or "")}, indent=2) + "\n")
+        (staging / "meta.json").write_text(
+            json.dumps(
+                {**want, "match_length_histogram": total.tolist(), "fgram_set": str(fs.path or "")},
+                indent=2,
+            )
+            + "\n"
+        )
         write_manifest(staging)
         replace_dir(staging, final)
     barrier("tags-ready")
     found = _load_tags(final, want)
     if found is None:
-        raise UserError(f"tags written by {process_count} processes are missing or damaged in {final} "
-                        "(expected a dataset directory every process shares)")
+        raise UserError(
+            f"tags written by {process_count} processes are missing or damaged in {final} "
+            "(expected a dataset directory every process shares)"
+        )
     return found
 
 
@@ -316,10 +398,10 @@ def _load_tags(directory: Path, want: dict):
 class StreamingTagger:
     """The f-gram of each new token while decoding.
 
-    `match(last_tokens, token)` is stateless: give the previous K-1 tokens of the document
-    (fewer at its start) and the new token. `push(token)` keeps that state itself (O(K)
-    probes: a `DecodeTagger` of one sequence); `reset()` at a document boundary. `match_batch` does many sequences at once
-    (prefill and batched decoding), with contexts left-padded by -1.
+    `match(last_tokens, token)` is stateless: give the previous K-1 tokens of the document (fewer at
+    its start) and the new token. `push(token)` keeps that state itself (O(K) probes: a
+    `DecodeTagger` of one sequence); `reset()` at a document boundary. `match_batch` does many
+    sequences at once (prefill and batched decoding), with contexts left-padded by -1.
     """
 
     def __init__(self, fs):
@@ -334,12 +416,12 @@ class StreamingTagger:
         return self.t.tables[n].slot_one(code_prefix * self.radix + token)
 
     def match(self, last_tokens, token: int) -> tuple[int, int]:
-        w = [int(x) for x in list(last_tokens)[-(self.k - 1):]] + [int(token)]
+        w = [int(x) for x in list(last_tokens)[-(self.k - 1) :]] + [int(token)]
         if any(x < 0 for x in w):
             raise UserError("negative token id in streaming tagging input")
         best = (-1, 0)
         for n in range(2, len(w) + 1):  # suffix closure: stop at the first miss
-            seg = w[len(w) - n:]
+            seg = w[len(w) - n :]
             if any(x >= self.radix for x in seg):
                 break
             slot = self._probe(2, seg[0], seg[1])
@@ -355,10 +437,17 @@ class StreamingTagger:
     def push(self, token: int) -> tuple[int, int]:
         return self._stream.push_one(0, int(token))
 
-    def match_batch(self, contexts: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def match_batch(
+        self, contexts: np.ndarray, tokens: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """contexts [B, K-1] (left-padded with -1), tokens [B] -> (ids [B], lengths [B])."""
-        w = np.concatenate([np.asarray(contexts, np.int64).reshape(len(tokens), -1)[:, -(self.k - 1):],
-                            np.asarray(tokens, np.int64)[:, None]], axis=1)
+        w = np.concatenate(
+            [
+                np.asarray(contexts, np.int64).reshape(len(tokens), -1)[:, -(self.k - 1) :],
+                np.asarray(tokens, np.int64)[:, None],
+            ],
+            axis=1,
+        )
         b, m = w.shape
         ok = (w >= 0) & (w < self.radix)
         v = np.uint64(self.radix)
@@ -366,13 +455,16 @@ class StreamingTagger:
         lens = np.zeros(b, np.uint8)
         cur = np.full((b, m - 1), -1, np.int64)  # cur[:, j]: slot of the n-gram starting at j
         sel = np.nonzero(ok[:, :-1] & ok[:, 1:])
-        cur[sel] = self.t.tables[2].slots(w[:, :-1][sel].astype(np.uint64) * v + w[:, 1:][sel].astype(np.uint64))
+        cur[sel] = self.t.tables[2].slots(
+            w[:, :-1][sel].astype(np.uint64) * v + w[:, 1:][sel].astype(np.uint64)
+        )
         for n in range(2, m + 1):
             if n > 2:
                 nxt = np.full((b, m - n + 1), -1, np.int64)
                 sel = np.nonzero(cur[:, :-1] >= 0)
-                nxt[sel] = self.t.tables[n].slots(cur[:, :-1][sel].astype(np.uint64) * v
-                                                  + w[:, n - 1:][sel].astype(np.uint64))
+                nxt[sel] = self.t.tables[n].slots(
+                    cur[:, :-1][sel].astype(np.uint64) * v + w[:, n - 1 :][sel].astype(np.uint64)
+                )
                 cur = nxt
             last = cur[:, -1]
             hit = np.flatnonzero(last >= 0)
@@ -397,12 +489,16 @@ class DecodeTagger:
         """`contexts`: each sequence's tokens so far (its last K-1 set the match state)."""
         tagger = fs.tagger()
         self.k, self.radix = fs.max_n, fs.key_vocab
-        self._tables = [None, None] + [(t.keys, t.vals, 64 - t.bits, t.capacity - 1)
-                                       for t in (tagger.tables[n] for n in range(2, self.k + 1))]
-        self._last = [-1] * len(contexts)  # each sequence's previous token (-1: none that can match)
+        self._tables = [None, None] + [
+            (t.keys, t.vals, 64 - t.bits, t.capacity - 1)
+            for t in (tagger.tables[n] for n in range(2, self.k + 1))
+        ]
+        self._last = [-1] * len(
+            contexts
+        )  # each sequence's previous token (-1: none that can match)
         self._slots = [[-1] * (self.k + 1) for _ in contexts]  # slot of the n-gram ending there
         for b, context in enumerate(contexts):
-            for token in list(context)[-(self.k - 1):]:
+            for token in list(context)[-(self.k - 1) :]:
                 self.push_one(b, int(token))
 
     def push(self, tokens: list[int]) -> list[int]:
@@ -414,7 +510,8 @@ class DecodeTagger:
         cur = [-1] * (k + 1)
         best = (-1, 0)
         if 0 <= token < radix and last >= 0:
-            code = last  # n = 2: keyed by the previous token; longer: by the slot of the shorter n-gram
+            # n = 2: keyed by the previous token; longer: by the slot of the shorter n-gram
+            code = last
             for n in range(2, k + 1):
                 if n > 2:
                     code = prev[n - 1]

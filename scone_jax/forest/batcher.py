@@ -47,25 +47,37 @@ class FgramBatcher:
             rows, row_of_position = np.unique(matched, return_inverse=True)
         else:
             rows, row_of_position = matched, np.arange(len(matched))
-        forest = prefix_forest(self.fgram_tokens[rows], self.fgram_lengths[rows], share_prefixes=self.dedup)
+        forest = prefix_forest(
+            self.fgram_tokens[rows], self.fgram_lengths[rows], share_prefixes=self.dedup
+        )
         return forest, rows, row_of_position.reshape(-1)
 
     def calibrate(self, batches: Iterable[dict[str, np.ndarray]], headroom: float = 1.05) -> None:
         """Set the blocks and output slots per group from sample batches (the largest seen, plus
         headroom); a capacity already set (`fgrams.capacity`) is kept."""
-        layouts = [forest_layout(self.forest(np.asarray(self.tag_ids[b["positions"]]))[0], self.groups, self.block)
-                   for b in batches]
+        layouts = [
+            forest_layout(
+                self.forest(np.asarray(self.tag_ids[b["positions"]]))[0], self.groups, self.block
+            )
+            for b in batches
+        ]
         if not self.capacity:
-            self.capacity = round_up(max(int(max((x.need for x in layouts), default=0) * headroom), 1), self.granule)
+            self.capacity = round_up(
+                max(int(max((x.need for x in layouts), default=0) * headroom), 1), self.granule
+            )
         peak_outputs = max((x.need_outputs for x in layouts), default=0)
-        self.output_capacity = round_up(max(int(peak_outputs * headroom), 1), self.granule * self.block)
+        self.output_capacity = round_up(
+            max(int(peak_outputs * headroom), 1), self.granule * self.block
+        )
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Add `forest` (a ForestBatch) and the host-only `fgram_ids` and `fgram_stats`."""
         ids = np.asarray(self.tag_ids[batch["positions"]], dtype=np.int64)
         matched = ids >= 0
         forest, rows, row_of_position = self.forest(ids)
-        layout = forest_layout(forest, self.groups, self.block, self.granule, self.capacity, self.output_capacity)
+        layout = forest_layout(
+            forest, self.groups, self.block, self.granule, self.capacity, self.output_capacity
+        )
         index = np.full(ids.shape, -1, np.int32)
         index[matched] = layout.output[row_of_position]
         n_matched = int(matched.sum())
@@ -74,12 +86,19 @@ class FgramBatcher:
         out["fgram_ids"] = ids.astype(np.int32)  # host-side only: what serving looks up
         out["fgram_stats"] = {
             "match_rate": n_matched / ids.size,
-            "distinct_ratio": (len(rows) if self.dedup else len(np.unique(rows))) / n_matched if n_matched else 0.0,
-            "mean_match_length": float(np.asarray(self.tag_lengths[batch["positions"]])[matched].mean())
-            if n_matched else 0.0,
+            "distinct_ratio": (len(rows) if self.dedup else len(np.unique(rows))) / n_matched
+            if n_matched
+            else 0.0,
+            "mean_match_length": float(
+                np.asarray(self.tag_lengths[batch["positions"]])[matched].mean()
+            )
+            if n_matched
+            else 0.0,
             "fgram_nodes": len(forest.tokens),
             "fgram_positions": int(layout.tokens.size),
             "fgram_outputs": int(layout.outputs.size),
-            "fgram_overflow": int(layout.need > self.capacity or layout.need_outputs > self.output_capacity),
+            "fgram_overflow": int(
+                layout.need > self.capacity or layout.need_outputs > self.output_capacity
+            ),
         }
         return out

@@ -45,7 +45,9 @@ def empty_buffers(groups: int, blocks: int, block: int, k: int) -> tuple[np.ndar
     return tokens, paths
 
 
-def grow_blocks(tokens: np.ndarray, paths: np.ndarray, blocks: int) -> tuple[np.ndarray, np.ndarray]:
+def grow_blocks(
+    tokens: np.ndarray, paths: np.ndarray, blocks: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Node buffers [G, N, B] / [G, N, B, K] grown to `blocks` blocks per group, padding blocks
     added after each group's own, so its slots keep their numbers."""
     groups, have, block, k = paths.shape
@@ -55,7 +57,9 @@ def grow_blocks(tokens: np.ndarray, paths: np.ndarray, blocks: int) -> tuple[np.
     return grown_tokens, grown_paths
 
 
-def chunk_trees(order: np.ndarray, forest: PrefixForest, block: int, per_tree: bool) -> tuple[np.ndarray, np.ndarray]:
+def chunk_trees(
+    order: np.ndarray, forest: PrefixForest, block: int, per_tree: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """Cut the depth-first node order into chunks that each fit a block, greedily: a chunk that
     starts at a node of depth d leaves d slots for that node's ancestors (copied). With
     `per_tree`, chunks never span two trees (first tokens), so a tree of at most `block` nodes
@@ -67,7 +71,9 @@ def chunk_trees(order: np.ndarray, forest: PrefixForest, block: int, per_tree: b
     depth = ((forest.paths[order] >= 0).sum(1) - 1).tolist()  # Python ints: the loop is sequential
     if per_tree:
         tree_starts = np.flatnonzero(np.diff(forest.paths[order, 0], prepend=-1))
-        tree_end = np.repeat(np.append(tree_starts[1:], n), np.diff(np.append(tree_starts, n))).tolist()
+        tree_end = np.repeat(
+            np.append(tree_starts[1:], n), np.diff(np.append(tree_starts, n))
+        ).tolist()
     else:
         tree_end = [n] * n
     starts, copies = [], []
@@ -106,8 +112,14 @@ def pack_chunks(sizes: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, 
     return chunk_block, chunk_offset, blocks
 
 
-def forest_layout(forest: PrefixForest, groups: int, block: int, granule: int = 1,
-                  min_blocks: int = 0, min_outputs: int = 0) -> ForestLayout:
+def forest_layout(
+    forest: PrefixForest,
+    groups: int,
+    block: int,
+    granule: int = 1,
+    min_blocks: int = 0,
+    min_outputs: int = 0,
+) -> ForestLayout:
     """Lay the forest out in blocks of `block` slots that attention never leaves.
 
     Nodes are cut into chunks in depth-first order (`chunk_trees`), so a chunk's nodes find their
@@ -126,24 +138,32 @@ def forest_layout(forest: PrefixForest, groups: int, block: int, granule: int = 
         raise ValueError(f"block={block} slots cannot hold an f-gram of {k} tokens")
     order = preorder(forest.paths)
     starts, copies = chunk_trees(order, forest, block, per_tree=True)
-    chunk_block, chunk_offset, num_blocks = pack_chunks(np.diff(np.append(starts, n)) + copies, block)
+    chunk_block, chunk_offset, num_blocks = pack_chunks(
+        np.diff(np.append(starts, n)) + copies, block
+    )
     stream_starts, stream_copies = chunk_trees(order, forest, block, per_tree=False)
     if len(stream_starts) < num_blocks:  # one stream of full blocks: chunk c is block c
         starts, copies, num_blocks = stream_starts, stream_copies, len(stream_starts)
         chunk_block, chunk_offset = np.arange(num_blocks), np.zeros(num_blocks, np.int64)
     need = -(-num_blocks // groups)
     blocks = max(min_blocks, round_up(max(need, 1), granule))
-    block_base = (chunk_block % groups * blocks + chunk_block // groups) * block  # block b: group b % G
+    block_base = (
+        chunk_block % groups * blocks + chunk_block // groups
+    ) * block  # block b: group b % G
     pos = np.empty(n, np.int64)
     pos[order] = np.arange(n)
     chunk_of = np.searchsorted(starts, pos, side="right") - 1  # per node
-    within = chunk_offset[chunk_of] + copies[chunk_of] + pos - starts[chunk_of]  # slot within the block
+    within = (
+        chunk_offset[chunk_of] + copies[chunk_of] + pos - starts[chunk_of]
+    )  # slot within the block
     slot = block_base[chunk_of] + within
     tokens, paths = empty_buffers(groups, blocks, block, k)
     flat_tokens, flat_paths = tokens.reshape(-1), paths.reshape(-1, k)
     flat_tokens[slot] = forest.tokens
     ancestors = np.maximum(forest.paths, 0)
-    in_chunk = pos[ancestors] >= starts[chunk_of][:, None]  # else: a copy, at its depth past the offset
+    in_chunk = (
+        pos[ancestors] >= starts[chunk_of][:, None]
+    )  # else: a copy, at its depth past the offset
     local = np.where(in_chunk, within[ancestors], chunk_offset[chunk_of][:, None] + np.arange(k))
     flat_paths[slot] = np.where(forest.paths >= 0, local, -1)
     # the copies: chunk c's first `copies[c]` slots hold its first node's ancestors
@@ -152,8 +172,9 @@ def forest_layout(forest: PrefixForest, groups: int, block: int, granule: int = 
     original = forest.paths[order[starts[copy_chunk]], copy_depth]
     copy_slot = block_base[copy_chunk] + chunk_offset[copy_chunk] + copy_depth
     flat_tokens[copy_slot] = forest.tokens[original]
-    flat_paths[copy_slot] = np.where(np.arange(k) <= copy_depth[:, None],
-                                     chunk_offset[copy_chunk][:, None] + np.arange(k), -1)
+    flat_paths[copy_slot] = np.where(
+        np.arange(k) <= copy_depth[:, None], chunk_offset[copy_chunk][:, None] + np.arange(k), -1
+    )
     # outputs: each row's node, grouped by its block's group, in slot order
     row_slot = slot[forest.node_of_row]
     row_group = row_slot // (blocks * block)

@@ -37,7 +37,11 @@ def prefix_forest(tokens: np.ndarray, lengths: np.ndarray, share_prefixes: bool)
         if not len(rows):
             break
         if share_prefixes:
-            key = tokens[rows, depth] if depth == 0 else node_of_row[rows] * radix + tokens[rows, depth]
+            key = (
+                tokens[rows, depth]
+                if depth == 0
+                else node_of_row[rows] * radix + tokens[rows, depth]
+            )
             _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
         else:
             first = inverse = np.arange(len(rows))

@@ -73,7 +73,9 @@ def count_fgram_params(fgram: FgramConfig, backbone: ModelConfig) -> int:
     """Parameters of the f-gram model `FgramModel` creates (it has no token embedding)."""
     cfg = fgram.model_config(backbone)
     proj = 2 * backbone.d_model * cfg.d_model if cfg.d_model != backbone.d_model else 0
-    return cfg.n_layers * _block_params(cfg) + cfg.max_seq_len * cfg.d_model + _norm_params(cfg) + proj
+    return (
+        cfg.n_layers * _block_params(cfg) + cfg.max_seq_len * cfg.d_model + _norm_params(cfg) + proj
+    )
 
 
 def _forward_per_token(cfg: ModelConfig, seq_len: int) -> float:
@@ -90,11 +92,16 @@ def _mlp_params(cfg: ModelConfig) -> int:
 def model_flops(cfg: ModelConfig, vocab_size: int, seq_len: int) -> ModelFlops:
     total, embedding = count_params(cfg, vocab_size)
     head = 2 * cfg.d_model * vocab_size
-    return ModelFlops(params_total=total, params_embedding=embedding,
-                      forward_per_token=_forward_per_token(cfg, seq_len) + head)
+    return ModelFlops(
+        params_total=total,
+        params_embedding=embedding,
+        forward_per_token=_forward_per_token(cfg, seq_len) + head,
+    )
 
 
-def fgram_forest_forward(fgram: FgramConfig, backbone: ModelConfig, slots: int, outputs: int) -> float:
+def fgram_forest_forward(
+    fgram: FgramConfig, backbone: ModelConfig, slots: int, outputs: int
+) -> float:
     """Forward FLOPs of the f-gram model on a prefix forest of `slots` node slots, `outputs` of
     them read: each slot is one position attending densely over its block's slots (what runs,
     though only its path counts); the last layer's output projection and MLP, and the projection
@@ -102,13 +109,19 @@ def fgram_forest_forward(fgram: FgramConfig, backbone: ModelConfig, slots: int, 
     cfg = fgram.model_config(backbone)
     proj = 2 * backbone.d_model * cfg.d_model if cfg.d_model != backbone.d_model else 0
     tail = 2 * (cfg.n_heads * cfg.head_dim * cfg.d_model + _mlp_params(cfg))
-    return slots * (_forward_per_token(cfg, fgram.block_size) + proj) - (slots - outputs) * tail + outputs * proj
+    return (
+        slots * (_forward_per_token(cfg, fgram.block_size) + proj)
+        - (slots - outputs) * tail
+        + outputs * proj
+    )
 
 
 def fgram_forward_per_row(fgram: FgramConfig, backbone: ModelConfig, length: int) -> float:
     """Forward FLOPs of the f-gram model on one f-gram of `length` tokens (all are computed)."""
     cfg = fgram.model_config(backbone)
-    proj = 2 * backbone.d_model * cfg.d_model * (length + 1) if cfg.d_model != backbone.d_model else 0
+    proj = (
+        2 * backbone.d_model * cfg.d_model * (length + 1) if cfg.d_model != backbone.d_model else 0
+    )
     return length * _forward_per_token(cfg, length) + proj
 
 

@@ -9,5 +9,9 @@ import numpy as np
 def eval_result(nats: float, tokens: float, nbytes: float) -> dict[str, float]:
     """`nats` summed over `tokens` predicted targets spelling `nbytes` bytes."""
     loss = nats / tokens
-    return {"loss": loss, "perplexity": float(np.exp(loss)),
-            "bits_per_byte": float(nats / np.log(2) / max(nbytes, 1.0)), "tokens": tokens}
+    return {
+        "loss": loss,
+        "perplexity": float(np.exp(loss)),
+        "bits_per_byte": float(nats / np.log(2) / max(nbytes, 1.0)),
+        "tokens": tokens,
+    }

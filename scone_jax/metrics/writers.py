@@ -56,7 +56,9 @@ class MetricsWriter:
             tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
             os.replace(tmp, self.path)
 
-    def write(self, step: int, metrics: dict[str, Any], kind: str = "train", echo: bool = True) -> None:
+    def write(
+        self, step: int, metrics: dict[str, Any], kind: str = "train", echo: bool = True
+    ) -> None:
         """Append one record to the JSONL log and tensorboard; also print it when `echo`."""
         if not self.enabled:
             return
@@ -71,7 +73,9 @@ class MetricsWriter:
             except OSError:  # a torn last line is dropped by truncate_after on resume
                 file, self._file = self._file, None
                 if file is not None:
-                    with contextlib.suppress(OSError):  # closes the file even when its flush fails again
+                    with contextlib.suppress(
+                        OSError
+                    ):  # closes the file even when its flush fails again
                         file.close()
                 raise
         if self._tb is not None:
@@ -79,7 +83,9 @@ class MetricsWriter:
                 if isinstance(value, int | float) and key != "step":
                     self._tb.add_scalar(f"{kind}/{key}", value, step)
         if echo:
-            shown = " ".join(f"{k}={_fmt(v)}" for k, v in record.items() if k not in ("step", "kind"))
+            shown = " ".join(
+                f"{k}={_fmt(v)}" for k, v in record.items() if k not in ("step", "kind")
+            )
             self.print_fn(f"[{kind} step {step}] {shown}")
 
     def close(self) -> None:

@@ -45,12 +45,19 @@ def param_logical_axes(abstract_model: nnx.Module) -> Any:
             raise ValueError(f"parameter of shape {var.get_value().shape} has logical_axes={axes}")
         return PartitionSpec(*axes)  # a pytree leaf holding the names
 
-    return nnx.to_pure_dict(jax.tree.map(names, params, is_leaf=lambda x: isinstance(x, nnx.Variable)))
+    return nnx.to_pure_dict(
+        jax.tree.map(names, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    )
 
 
-def split_model(build_model: Callable[[nnx.Rngs], nnx.Module], seed: int) -> tuple[ModelHandle, Any]:
-    """The handle and the abstract params (shapes only, nothing allocated) of `build_model`'s model."""
+def split_model(
+    build_model: Callable[[nnx.Rngs], nnx.Module], seed: int
+) -> tuple[ModelHandle, Any]:
+    """The handle and the abstract params (shapes only, nothing allocated) of `build_model`'s
+    model."""
     abstract_model = nnx.eval_shape(lambda: build_model(nnx.Rngs(seed)))
     graphdef, params, rest = nnx.split(abstract_model, nnx.Param, ...)
-    handle = ModelHandle(graphdef=graphdef, rest=rest, logical_axes=param_logical_axes(abstract_model))
+    handle = ModelHandle(
+        graphdef=graphdef, rest=rest, logical_axes=param_logical_axes(abstract_model)
+    )
     return handle, nnx.to_pure_dict(params)

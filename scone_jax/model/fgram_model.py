@@ -20,23 +20,43 @@ from scone_jax.sharding.rules import axis_namespace, constrain
 
 
 class FgramModel(nnx.Module):
-    def __init__(self, cfg: ModelConfig, backbone_width: int, *, gated: bool = False, rngs: nnx.Rngs):
+    def __init__(
+        self, cfg: ModelConfig, backbone_width: int, *, gated: bool = False, rngs: nnx.Rngs
+    ):
         pdt = jnp.dtype(cfg.param_dtype)
         self.cfg = cfg
         self.dtype = jnp.dtype(cfg.dtype)
         self.projected = cfg.d_model != backbone_width
         with axis_namespace("fgram/"):
-            self.pos_embed = param(rngs, (cfg.max_seq_len, cfg.d_model), ("positions", "embed"), cfg.init_std, pdt)
+            self.pos_embed = param(
+                rngs, (cfg.max_seq_len, cfg.d_model), ("positions", "embed"), cfg.init_std, pdt
+            )
             if self.projected:
-                self.proj_in = param(rngs, (backbone_width, cfg.d_model), ("backbone_embed", "embed"), cfg.init_std, pdt)
-                self.proj_out = param(rngs, (cfg.d_model, backbone_width), ("embed", "backbone_embed"), cfg.init_std, pdt)
+                self.proj_in = param(
+                    rngs,
+                    (backbone_width, cfg.d_model),
+                    ("backbone_embed", "embed"),
+                    cfg.init_std,
+                    pdt,
+                )
+                self.proj_out = param(
+                    rngs,
+                    (cfg.d_model, backbone_width),
+                    ("embed", "backbone_embed"),
+                    cfg.init_std,
+                    pdt,
+                )
             self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
             self.final_norm = Norm(cfg, cfg.d_model, rngs=rngs)
-            # zero-initialized per-dimension gain on the output: a gated model starts as the baseline
-            self.output_gate = param(rngs, (backbone_width,), ("backbone_embed",), None, pdt) if gated else None
+            # zero-initialized per-dimension gain on the output: a gated model starts as the
+            # baseline
+            self.output_gate = (
+                param(rngs, (backbone_width,), ("backbone_embed",), None, pdt) if gated else None
+            )
 
     def __call__(self, token_embeddings: jax.Array, lengths: jax.Array) -> jax.Array:
-        """[N, K, d_backbone] embeddings T(tokens) of right-padded f-grams, [N] lengths -> [N, d_backbone]."""
+        """[N, K, d_backbone] embeddings T(tokens) of right-padded f-grams, [N] lengths
+        -> [N, d_backbone]."""
         with axis_namespace("fgram/"):
             k = token_embeddings.shape[1]
             positions = jnp.broadcast_to(jnp.arange(k), token_embeddings.shape[:2])
@@ -45,10 +65,14 @@ class FgramModel(nnx.Module):
             for block in self.blocks:
                 x = block(x, positions, mask)
             last = jnp.clip(lengths - 1, 0, k - 1)
-            out = self._output(jnp.take_along_axis(x, last[:, None, None].astype(jnp.int32), axis=1)[:, 0])
+            out = self._output(
+                jnp.take_along_axis(x, last[:, None, None].astype(jnp.int32), axis=1)[:, 0]
+            )
             return constrain(out, ("batch", "embed"))
 
-    def forest(self, token_embeddings: jax.Array, paths: jax.Array, outputs: jax.Array) -> jax.Array:
+    def forest(
+        self, token_embeddings: jax.Array, paths: jax.Array, outputs: jax.Array
+    ) -> jax.Array:
         """F at the output nodes of a prefix forest laid out in blocks (scone_jax/forest/):
         [G, N, B, d_backbone] embeddings of the nodes' tokens, [G, N, B, K] paths (slots within
         the block), [G, R] output slots (within the group's N * B) -> [G, R, d_backbone]. A
@@ -64,7 +88,9 @@ class FgramModel(nnx.Module):
             block, k = paths.shape[-2:]
             paths = paths.reshape(-1, block, k)
             depths = jnp.sum(paths >= 0, axis=-1) - 1
-            on_path = jnp.any(paths[:, :, :, None] == jnp.arange(block), axis=2)  # [blocks, query, key]
+            on_path = jnp.any(
+                paths[:, :, :, None] == jnp.arange(block), axis=2
+            )  # [blocks, query, key]
             x = self._embed(token_embeddings.reshape(-1, block, token_embeddings.shape[-1]), depths)
             for layer in self.blocks[:-1]:
                 x = layer(x, depths, on_path)
@@ -75,7 +101,9 @@ class FgramModel(nnx.Module):
         x = token_embeddings.astype(self.dtype)
         if self.projected:
             x = x @ self.proj_in[...].astype(self.dtype)
-        table = constrain(self.pos_embed[...], (None, None))  # K rows: gathered rows are batch-sharded
+        table = constrain(
+            self.pos_embed[...], (None, None)
+        )  # K rows: gathered rows are batch-sharded
         x = x + jnp.take(table, positions, axis=0).astype(self.dtype)
         return constrain(x, ("batch", "seq", "embed"))
 

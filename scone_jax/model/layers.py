@@ -87,7 +87,11 @@ class Attention(nnx.Module):
         k = jnp.einsum("btd,dhk->bthk", x, self.wk[...].astype(dt))
         v = jnp.einsum("btd,dhk->bthk", x, self.wv[...].astype(dt))
         if self.use_bias:
-            q, k, v = q + self.bq[...].astype(dt), k + self.bk[...].astype(dt), v + self.bv[...].astype(dt)
+            q, k, v = (
+                q + self.bq[...].astype(dt),
+                k + self.bk[...].astype(dt),
+                v + self.bv[...].astype(dt),
+            )
         if cfg.family == "llama":
             q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
         q = constrain(q, ("batch", "seq", "heads", "head_dim"))
@@ -121,8 +125,14 @@ class Attention(nnx.Module):
         q, k, v = self._qkv(x, positions)
         return self._attend(q, k, v, mask)
 
-    def cached(self, x: jax.Array, positions: jax.Array, cache: dict, start: jax.Array,
-               first_valid: jax.Array):
+    def cached(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        cache: dict,
+        start: jax.Array,
+        first_valid: jax.Array,
+    ):
         """Attention for cache slots `start..start+T-1` given a KV cache of earlier slots.
 
         `cache` holds `k`, `v` [B, L, kv_heads, head_dim]; slots before `first_valid` [B] are
@@ -130,11 +140,16 @@ class Attention(nnx.Module):
         chunk's keys and values written at `start`.
         """
         q, k, v = self._qkv(x, positions)
-        k_all = jax.lax.dynamic_update_slice_in_dim(cache["k"], k.astype(cache["k"].dtype), start, axis=1)
-        v_all = jax.lax.dynamic_update_slice_in_dim(cache["v"], v.astype(cache["v"].dtype), start, axis=1)
+        k_all = jax.lax.dynamic_update_slice_in_dim(
+            cache["k"], k.astype(cache["k"].dtype), start, axis=1
+        )
+        v_all = jax.lax.dynamic_update_slice_in_dim(
+            cache["v"], v.astype(cache["v"].dtype), start, axis=1
+        )
         key_pos = jnp.arange(k_all.shape[1])
-        mask = ((key_pos[None, None, :] <= (start + jnp.arange(x.shape[1]))[None, :, None])
-                & (key_pos[None, None, :] >= first_valid[:, None, None]))
+        mask = (key_pos[None, None, :] <= (start + jnp.arange(x.shape[1]))[None, :, None]) & (
+            key_pos[None, None, :] >= first_valid[:, None, None]
+        )
         y = self.project(self._attend(q, k_all.astype(q.dtype), v_all.astype(q.dtype), mask))
         return y, {"k": k_all, "v": v_all}
 
@@ -181,14 +196,18 @@ class Block(nnx.Module):
     def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
         return self._mlp_residual(x + self.attn(self.attn_norm(x), positions, mask))
 
-    def at_rows(self, x: jax.Array, positions: jax.Array, mask: jax.Array, rows: jax.Array) -> jax.Array:
+    def at_rows(
+        self, x: jax.Array, positions: jax.Array, mask: jax.Array, rows: jax.Array
+    ) -> jax.Array:
         """The block's output at some slots only: x [G * M, T, d] is G groups of M sequences,
         `rows` [G, R] picks slots of each group's M * T. Every slot's keys and values are still
         computed (the picked slots attend to them); the output projection and the MLP run on
         the R picked slots alone. -> [G, R, d]."""
         heads = self.attn.heads(self.attn_norm(x), positions, mask)
         groups = rows.shape[0]
-        pick = jax.vmap(lambda values, index: jnp.take(values, index, axis=0))  # within a group: shard-local
+        pick = jax.vmap(
+            lambda values, index: jnp.take(values, index, axis=0)
+        )  # within a group: shard-local
         picked_x = pick(x.reshape(groups, -1, x.shape[-1]), rows)
         picked_heads = pick(heads.reshape(groups, -1, *heads.shape[2:]), rows)
         return self._mlp_residual(picked_x + self.attn.project(picked_heads))
@@ -198,8 +217,14 @@ class Block(nnx.Module):
         x = x + self.mlp(self.mlp_norm(x))
         return constrain(x, ("batch", "seq", "embed"))
 
-    def cached(self, x: jax.Array, positions: jax.Array, cache: dict, start: jax.Array,
-               first_valid: jax.Array):
+    def cached(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        cache: dict,
+        start: jax.Array,
+        first_valid: jax.Array,
+    ):
         y, cache = self.attn.cached(self.attn_norm(x), positions, cache, start, first_valid)
         x = x + y
         return x + self.mlp(self.mlp_norm(x)), cache

@@ -1,10 +1,10 @@
 """SCONE: the backbone plus the f-gram model, combined at the input layer (SCONE.md section 3).
 
 The f-gram model runs once per node of the batch's prefix forest (`fgram_nodes` tokens,
-`fgram_paths`; see scone_jax/forest/) and each position takes the output
-(`fgram_outputs`) that `fgram_index` points at (-1 = no match). The gather's transpose sums the gradients of every
-position sharing a node. With deduplication each distinct prefix is one node; without it every
-matched position has its own chain. Both give the same loss and gradients.
+`fgram_paths`; see scone_jax/forest/) and each position takes the output (`fgram_outputs`) that
+`fgram_index` points at (-1 = no match). The gather's transpose sums the gradients of every position
+sharing a node. With deduplication each distinct prefix is one node; without it every matched
+position has its own chain. Both give the same loss and gradients.
 """
 
 from __future__ import annotations
@@ -20,23 +20,33 @@ from scone_jax.sharding.rules import constrain
 
 
 class SconeModel(nnx.Module):
-    def __init__(self, cfg: ModelConfig, fgram_cfg: FgramConfig, vocab_size: int, *, rngs: nnx.Rngs):
+    def __init__(
+        self, cfg: ModelConfig, fgram_cfg: FgramConfig, vocab_size: int, *, rngs: nnx.Rngs
+    ):
         self.backbone = Transformer(cfg, vocab_size, rngs=rngs)  # first: same init as the baseline
-        self.fgram = FgramModel(fgram_cfg.model_config(cfg), cfg.d_model, gated=fgram_cfg.combine == "gated",
-                                rngs=rngs)
+        self.fgram = FgramModel(
+            fgram_cfg.model_config(cfg), cfg.d_model, gated=fgram_cfg.combine == "gated", rngs=rngs
+        )
         self.combine = fgram_cfg.combine
 
     def fgram_embeddings(self, fgram_tokens: jax.Array, fgram_lengths: jax.Array) -> jax.Array:
-        """F(w) for each f-gram in the buffer: [C, K] tokens (right-padded), [C] lengths -> [C, d]."""
+        """F(w) for each f-gram in the buffer: [C, K] tokens (right-padded), [C] lengths
+        -> [C, d]."""
         return self.fgram(self.backbone.table_rows(jnp.maximum(fgram_tokens, 0)), fgram_lengths)
 
-    def input_embeddings(self, tokens, fgram_index, fgram_nodes, fgram_paths, fgram_outputs) -> jax.Array:
+    def input_embeddings(
+        self, tokens, fgram_index, fgram_nodes, fgram_paths, fgram_outputs
+    ) -> jax.Array:
         """T(s_i), with the f-gram embedding replacing or added to it where a match exists."""
         x = self.backbone.embed(tokens)
-        outputs = self.fgram.forest(self.backbone.table_rows(fgram_nodes), fgram_paths, fgram_outputs).astype(x.dtype)
+        outputs = self.fgram.forest(
+            self.backbone.table_rows(fgram_nodes), fgram_paths, fgram_outputs
+        ).astype(x.dtype)
         rows = outputs.reshape(-1, outputs.shape[-1])
         matched = (fgram_index >= 0)[..., None]
-        gathered = constrain(jnp.take(rows, jnp.maximum(fgram_index, 0), axis=0), ("batch", "seq", "embed"))
+        gathered = constrain(
+            jnp.take(rows, jnp.maximum(fgram_index, 0), axis=0), ("batch", "seq", "embed")
+        )
         if self.combine == "replace":
             return jnp.where(matched, gathered, x)
         return x + jnp.where(matched, gathered, jnp.zeros_like(gathered))

@@ -25,14 +25,19 @@ class Transformer(nnx.Module):
         self.cfg = cfg
         self.vocab_size = vocab_size
         self.dtype = jnp.dtype(cfg.dtype)
-        self.embed_table = param(rngs, (vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std, pdt)
+        self.embed_table = param(
+            rngs, (vocab_size, cfg.d_model), ("vocab", "embed"), cfg.init_std, pdt
+        )
         if cfg.family == "gpt2":
-            self.pos_embed = param(rngs, (cfg.max_seq_len, cfg.d_model), ("positions", "embed"),
-                                   cfg.init_std, pdt)
+            self.pos_embed = param(
+                rngs, (cfg.max_seq_len, cfg.d_model), ("positions", "embed"), cfg.init_std, pdt
+            )
         self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
         self.final_norm = Norm(cfg, cfg.d_model, rngs=rngs)
         if not cfg.tie_embeddings:
-            self.lm_head = param(rngs, (cfg.d_model, vocab_size), ("embed", "vocab"), cfg.init_std, pdt)
+            self.lm_head = param(
+                rngs, (cfg.d_model, vocab_size), ("embed", "vocab"), cfg.init_std, pdt
+            )
 
     def table_rows(self, ids: jax.Array) -> jax.Array:
         """Rows of T at `ids` (any shape), in the parameter dtype. The table's embed dim is
@@ -64,8 +69,13 @@ class Transformer(nnx.Module):
         dtype = dtype or self.dtype
         return [{"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)} for _ in self.blocks]
 
-    def hidden_cached(self, x: jax.Array, cache: list[dict], start: jax.Array,
-                      first_valid: jax.Array | None = None):
+    def hidden_cached(
+        self,
+        x: jax.Array,
+        cache: list[dict],
+        start: jax.Array,
+        first_valid: jax.Array | None = None,
+    ):
         """Like `hidden` for cache slots start..start+T-1, reusing and extending `cache`.
 
         Row b may be left-padded: its real tokens start at slot `first_valid[b]`, which is

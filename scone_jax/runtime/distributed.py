@@ -30,19 +30,28 @@ class Topology:
     def describe(self) -> str:
         t = self.timeouts
         watchdog = f"peer timeout {t.peer_s:g}s" if t.peer_s else "no watchdog"
-        return (f"distributed: {self.num_processes} processes ({self.cluster.source}; coordinator "
-                f"{self.cluster.coordinator}), {self.global_devices} devices ({self.local_devices} on process "
-                f"{self.process_id}; {', '.join(self.device_kinds)}); {watchdog}, heartbeat timeout "
-                f"{t.heartbeat_s:g}s, shutdown timeout {t.shutdown_s:g}s")
+        return (
+            f"distributed: {self.num_processes} processes ({self.cluster.source}; coordinator "
+            f"{self.cluster.coordinator}), {self.global_devices} devices ({self.local_devices} on "
+            f"process {self.process_id}; {', '.join(self.device_kinds)}); {watchdog}, heartbeat "
+            f"timeout {t.heartbeat_s:g}s, shutdown timeout {t.shutdown_s:g}s"
+        )
 
 
 _state: dict[str, object] = {}
 
 
-def initialize(coordinator: str | None = None, num_processes: int | None = None, process_id: int | None = None,
-               *, init_timeout_s: float | None = None, heartbeat_timeout_s: float | None = None,
-               shutdown_timeout_s: float | None = None, peer_timeout_s: float | None = None,
-               env: Mapping[str, str] | None = None) -> Topology | None:
+def initialize(
+    coordinator: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    *,
+    init_timeout_s: float | None = None,
+    heartbeat_timeout_s: float | None = None,
+    shutdown_timeout_s: float | None = None,
+    peer_timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Topology | None:
     """Join the multi-process job (if this is one); returns its topology, or None for one process.
 
     Call before anything touches devices. Idempotent. Process 0 prints the topology once.
@@ -52,48 +61,89 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     cluster = detect(coordinator, num_processes, process_id, env)
     if cluster is None:
         return None
-    timeouts = timeouts_from_env(env, init_s=init_timeout_s, heartbeat_s=heartbeat_timeout_s,
-                                 shutdown_s=shutdown_timeout_s, peer_s=peer_timeout_s)
+    timeouts = timeouts_from_env(
+        env,
+        init_s=init_timeout_s,
+        heartbeat_s=heartbeat_timeout_s,
+        shutdown_s=shutdown_timeout_s,
+        peer_s=peer_timeout_s,
+    )
     import jax
     from jax._src import distributed as jax_distributed
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    kwargs = {"initialization_timeout": int(timeouts.init_s), "heartbeat_timeout_seconds": int(timeouts.heartbeat_s),
-              "shutdown_timeout_seconds": int(timeouts.shutdown_s)}
+    kwargs = {
+        "initialization_timeout": int(timeouts.init_s),
+        "heartbeat_timeout_seconds": int(timeouts.heartbeat_s),
+        "shutdown_timeout_seconds": int(timeouts.shutdown_s),
+    }
     accepted = inspect.signature(jax.distributed.initialize).parameters
     kwargs = {k: v for k, v in kwargs.items() if k in accepted}
     if cluster.explicit:
         kwargs["cluster_detection_method"] = "deactivate"  # and keep every local device visible
-    # jax aborts the process (a C++ fatal error) when the job cannot be joined in time: say first what it tried
-    who = f"process {cluster.process_id} of {cluster.num_processes}" if cluster.explicit else "this process"
-    print(f"scone-jax: {who} joining {cluster.coordinator or 'the detected coordinator'} ({cluster.source}; "
-          f"init timeout {timeouts.init_s:g}s)", file=sys.stderr, flush=True)
+    # jax aborts the process (a C++ fatal error) when the job cannot be joined in time: say first
+    # what it tried
+    who = (
+        f"process {cluster.process_id} of {cluster.num_processes}"
+        if cluster.explicit
+        else "this process"
+    )
+    print(
+        f"scone-jax: {who} joining {cluster.coordinator or 'the detected coordinator'} "
+        f"({cluster.source}; init timeout {timeouts.init_s:g}s)",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
-        jax.distributed.initialize(cluster.coordinator, cluster.num_processes, cluster.process_id, **kwargs)
+        jax.distributed.initialize(
+            cluster.coordinator, cluster.num_processes, cluster.process_id, **kwargs
+        )
     except RuntimeError as e:
         if "must be called before" in str(e):
-            raise RuntimeError("scone_jax.runtime.distributed.initialize() must run before anything touches "
-                               "devices (jax.devices(), a computation)") from e
+            raise RuntimeError(
+                "scone_jax.runtime.distributed.initialize() must run before anything touches "
+                "devices (jax.devices(), a computation)"
+            ) from e
         raise
     except ValueError as e:  # jax's cluster detection found no complete description
         raise DistributedError(f"could not work out the job from {cluster.source}: {e}") from None
     pid, nproc = jax.process_index(), jax.process_count()
-    cluster = replace(cluster, coordinator=jax_distributed.global_state.coordinator_address,
-                      num_processes=nproc, process_id=pid)
+    cluster = replace(
+        cluster,
+        coordinator=jax_distributed.global_state.coordinator_address,
+        num_processes=nproc,
+        process_id=pid,
+    )
     devices = jax.devices()
-    topology = Topology(pid, nproc, jax.local_device_count(), len(devices),
-                        tuple(sorted({d.device_kind for d in devices})), cluster, timeouts)
+    topology = Topology(
+        pid,
+        nproc,
+        jax.local_device_count(),
+        len(devices),
+        tuple(sorted({d.device_kind for d in devices})),
+        cluster,
+        timeouts,
+    )
     _state["topology"] = topology
     if pid == 0:
         print(f"scone-jax: {topology.describe()}", file=sys.stderr, flush=True)
     if nproc > 1 and timeouts.peer_s:
         # the coordination service's key-value store has no public handle; orbax uses this one too
-        watchdog = Watchdog(jax_distributed.global_state.client, pid, nproc, timeouts.peer_s, cluster.coordinator)
+        watchdog = Watchdog(
+            jax_distributed.global_state.client, pid, nproc, timeouts.peer_s, cluster.coordinator
+        )
         try:
             watchdog.start()
-        except (AttributeError, TypeError) as e:  # a jaxlib whose client lacks the key-value calls used here
-            print(f"scone-jax: no watchdog on process {pid} ({e}); a lost peer is found by jax's heartbeat "
-                  f"timeout ({timeouts.heartbeat_s:g}s)", file=sys.stderr, flush=True)
+        except (
+            AttributeError,
+            TypeError,
+        ) as e:  # a jaxlib whose client lacks the key-value calls used here
+            print(
+                f"scone-jax: no watchdog on process {pid} ({e}); a lost peer is found by jax's "
+                f"heartbeat timeout ({timeouts.heartbeat_s:g}s)",
+                file=sys.stderr,
+                flush=True,
+            )
         else:
             _state["watchdog"] = watchdog
     return topology
@@ -120,7 +170,8 @@ _barriers: dict[str, int] = {}
 
 
 def barrier(name: str, timeout_s: float = 24 * 3600) -> None:
-    """Wait until every process reaches this point (no-op for one process); all call it in the same order.
+    """Wait until every process reaches this point (no-op for one process); all call it in the same
+    order.
 
     A coordination-service barrier, not a device collective, so a long wait (process 0
     tokenizing a corpus) hits no collective timeout; a failed peer is handled by the watchdog.
@@ -138,4 +189,3 @@ def barrier(name: str, timeout_s: float = 24 * 3600) -> None:
         return
     _barriers[name] = _barriers.get(name, 0) + 1
     client.wait_at_barrier(f"scone_jax/{name}/{_barriers[name]}", int(timeout_s * 1000))
-

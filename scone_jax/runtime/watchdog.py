@@ -37,8 +37,11 @@ class PeerMonitor:
         self._last: dict[int, tuple[str | None, float]] = {p: (None, now) for p in self.peers}
 
     def all_alive_since(self, moment: float, entries: Mapping[str, str]) -> bool:
-        """Whether every peer has beaten (or announced its exit) after `moment`: none is lost then."""
-        return all(self._last[p][1] > moment or f"{KV_PREFIX}/exiting/{p}" in entries for p in self.peers)
+        """Whether every peer has beaten (or announced its exit) after `moment`: none is lost
+        then."""
+        return all(
+            self._last[p][1] > moment or f"{KV_PREFIX}/exiting/{p}" in entries for p in self.peers
+        )
 
     def observe(self, entries: Mapping[str, str], now: float) -> str | None:
         """One line naming the lost peer, or None while every peer is fine."""
@@ -54,8 +57,10 @@ class PeerMonitor:
             if beat != last_beat:
                 self._last[p] = (beat, now)
             elif now - since > self.timeout_s:
-                return (f"process {p} of {self.num_processes} is lost (no heartbeat for "
-                        f"{now - since:.0f}s, limit {self.timeout_s:g}s)")
+                return (
+                    f"process {p} of {self.num_processes} is lost (no heartbeat for "
+                    f"{now - since:.0f}s, limit {self.timeout_s:g}s)"
+                )
         return None
 
 
@@ -68,9 +73,12 @@ def _exit_code(exc: BaseException) -> int:
 
 
 class Watchdog:
-    """A daemon thread: heartbeat into the key-value store, watch the peers, end this process if one is lost."""
+    """A daemon thread: heartbeat into the key-value store, watch the peers, end this process if one
+    is lost."""
 
-    def __init__(self, client, process_id: int, num_processes: int, timeout_s: float, coordinator: str):
+    def __init__(
+        self, client, process_id: int, num_processes: int, timeout_s: float, coordinator: str
+    ):
         self.client, self.process_id, self.num_processes = client, process_id, num_processes
         self.timeout_s, self.coordinator = timeout_s, coordinator
         self.interval_s = min(1.0, timeout_s / 10)
@@ -83,10 +91,14 @@ class Watchdog:
     def start(self) -> None:
         self._set("beat", "0")
         self._thread.start()
-        atexit.register(self._at_exit)  # runs before jax's own atexit shutdown (registered at import)
+        atexit.register(
+            self._at_exit
+        )  # runs before jax's own atexit shutdown (registered at import)
 
     def _set(self, kind: str, value: str) -> None:
-        self.client.key_value_set(f"{KV_PREFIX}/{kind}/{self.process_id}", value, allow_overwrite=True)
+        self.client.key_value_set(
+            f"{KV_PREFIX}/{kind}/{self.process_id}", value, allow_overwrite=True
+        )
 
     def _run(self) -> None:
         beat = 0
@@ -98,7 +110,10 @@ class Watchdog:
             except Exception as e:  # noqa: BLE001 - any failure here means the coordinator is gone
                 if self._stop.is_set():
                     return
-                self._die(f"lost the coordinator (process 0 at {self.coordinator}): {str(e).splitlines()[0]}")
+                self._die(
+                    f"lost the coordinator (process 0 at {self.coordinator}): "
+                    f"{str(e).splitlines()[0]}"
+                )
                 return
             if self._failed_code is not None:
                 continue  # this process is already on its way out; it only keeps the heartbeat
@@ -106,20 +121,29 @@ class Watchdog:
             if verdict:
                 self._die(verdict)
             pending = self._pending
-            if pending is not None and self.monitor.all_alive_since(pending[2] + self.interval_s, entries):
-                self._publish(pending[0], pending[1])  # every peer is alive: the error was this process's own
+            if pending is not None and self.monitor.all_alive_since(
+                pending[2] + self.interval_s, entries
+            ):
+                self._publish(
+                    pending[0], pending[1]
+                )  # every peer is alive: the error was this process's own
 
     def _die(self, verdict: str) -> None:
         try:
             self._set("acked", "1")  # lets a failed coordinator know its message was read
         except Exception:  # noqa: BLE001
             pass
-        print(f"scone-jax: {verdict}; stopping process {self.process_id}. Rerun the job to resume "
-              f"(training from its last checkpoint, an export from its finished rows).", file=sys.stderr, flush=True)
+        print(
+            f"scone-jax: {verdict}; stopping process {self.process_id}. Rerun the job to resume "
+            f"(training from its last checkpoint, an export from its finished rows).",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(PEER_LOST_EXIT_CODE)
 
     def report_failure(self, exc: BaseException) -> None:
-        """Tell the peers this process failed, so they stop now instead of in a collective's timeout.
+        """Tell the peers this process failed, so they stop now instead of in a collective's
+        timeout.
 
         A runtime (XLA) error is usually a collective broken by a peer that died: it is published
         only once every peer has shown a heartbeat since, so that when a peer is lost, the line
@@ -128,7 +152,9 @@ class Watchdog:
         if self._failed_code is not None or self._pending is not None:
             return
         code = _exit_code(exc)
-        line = (f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc) else type(exc).__name__)[:300]
+        line = (
+            f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc) else type(exc).__name__
+        )[:300]
         if type(exc).__name__ in ("JaxRuntimeError", "XlaRuntimeError"):
             self._pending = (code, line, time.monotonic())
         else:
@@ -172,7 +198,7 @@ class Watchdog:
             entries = dict(self.client.key_value_dir_get(f"{KV_PREFIX}/"))
         except Exception:  # noqa: BLE001
             return True
-        return all(any(f"{KV_PREFIX}/{k}/{p}" in entries for k in ("acked", "failed", "exiting"))
-                   for p in self.monitor.peers)
-
-
+        return all(
+            any(f"{KV_PREFIX}/{k}/{p}" in entries for k in ("acked", "failed", "exiting"))
+            for p in self.monitor.peers
+        )

@@ -56,31 +56,46 @@ class Engine:
     def prepare(self, fgram_ids: np.ndarray) -> dict:
         return self.lookup.prepare(fgram_ids) if self.lookup else {}
 
-    def logits(self, tokens: np.ndarray, fgram_ids: np.ndarray | None = None, prepared: dict | None = None):
+    def logits(
+        self, tokens: np.ndarray, fgram_ids: np.ndarray | None = None, prepared: dict | None = None
+    ):
         """Full-sequence logits [B, T, V]; `fgram_ids` are each position's longest match."""
         if prepared is None:
             prepared = self.prepare(fgram_ids) if self.lookup else {}
         return self._logits(self._param_leaves, tokens, prepared)
 
-    def decode_step(self, tokens, prepared, cache, start: int, first_valid, key, sampling: Sampling):
+    def decode_step(
+        self, tokens, prepared, cache, start: int, first_valid, key, sampling: Sampling
+    ):
         """One jitted call: the step over `tokens` [B, T] at positions start.., then the next
         token of each row from the last position's logits. Returns (next tokens [B], the next
         key, the cache); the cache passed in is donated."""
-        return self._step(self._param_leaves, tokens, prepared, cache, np.int32(start), first_valid, key, sampling)
+        return self._step(
+            self._param_leaves, tokens, prepared, cache, np.int32(start), first_valid, key, sampling
+        )
 
     def init_cache(self, batch: int, max_len: int):
         return self.model.init_cache(batch, max_len)
 
 
-def _check_table(table: Table, width: int, tokenizer: str | None, checkpoint: str | None, combine: str | None):
+def _check_table(
+    table: Table, width: int, tokenizer: str | None, checkpoint: str | None, combine: str | None
+):
     table.check_compatible(width, tokenizer, checkpoint)
     if combine and table.meta.get("combine") != combine:
-        raise UserError(f"table {table.url} was exported in {table.meta.get('combine')} mode, the model trained "
-                        f"with combine={combine}")
+        raise UserError(
+            f"table {table.url} was exported in {table.meta.get('combine')} mode, the model "
+            f"trained with combine={combine}"
+        )
 
 
-def engine_from_run(run_dir: str | Path, table_url: str | None, tier: str = "host", step: int | None = None,
-                    cache_bytes: int = 256 << 20) -> Engine:
+def engine_from_run(
+    run_dir: str | Path,
+    table_url: str | None,
+    tier: str = "host",
+    step: int | None = None,
+    cache_bytes: int = 256 << 20,
+) -> Engine:
     """The backbone of a run's checkpoint, with an exported table (required for SCONE runs)."""
     require_checkpoint(run_dir, step)
     run = load_run_params(run_dir, step)
@@ -88,18 +103,31 @@ def engine_from_run(run_dir: str | Path, table_url: str | None, tier: str = "hos
     table = None
     if run.cfg.fgrams.enabled:
         if not table_url:
-            raise UserError(f"run {run_dir} is a SCONE run: pass --table (export it with `scone-jax export`)")
+            raise UserError(
+                f"run {run_dir} is a SCONE run: pass --table (export it with `scone-jax export`)"
+            )
         model = model.backbone
         table = open_table(table_url, tier, cache_bytes)
-        _check_table(table, run.cfg.model.d_model, run.info["tokenizer_sha256"], run.fingerprint,
-                     run.cfg.fgrams.combine)
+        _check_table(
+            table,
+            run.cfg.model.d_model,
+            run.info["tokenizer_sha256"],
+            run.fingerprint,
+            run.cfg.fgrams.combine,
+        )
     elif table_url:
         raise UserError(f"run {run_dir} is a baseline (fgrams.enabled=false); it takes no table")
-    return Engine(model, TableLookup(table) if table else None, run.info["tokenizer_sha256"], run.step)
+    return Engine(
+        model, TableLookup(table) if table else None, run.info["tokenizer_sha256"], run.step
+    )
 
 
-def engine_from_export(backbone_dir: str | Path, table_url: str | None, tier: str = "host",
-                       cache_bytes: int = 256 << 20) -> Engine:
+def engine_from_export(
+    backbone_dir: str | Path,
+    table_url: str | None,
+    tier: str = "host",
+    cache_bytes: int = 256 << 20,
+) -> Engine:
     """An exported backbone (params.npz, no orbax) with its table."""
     params, model_cfg, meta = load_backbone(backbone_dir)
     cfg = ModelConfig(**model_cfg)
@@ -112,5 +140,16 @@ def engine_from_export(backbone_dir: str | Path, table_url: str | None, tier: st
         if not table_url:
             raise UserError(f"backbone {backbone_dir} was trained with SCONE: pass --table")
         table = open_table(table_url, tier, cache_bytes)
-        _check_table(table, cfg.d_model, meta["tokenizer_sha256"], meta["checkpoint_fingerprint"], meta["combine"])
-    return Engine(model, TableLookup(table) if table else None, meta["tokenizer_sha256"], meta["checkpoint_step"])
+        _check_table(
+            table,
+            cfg.d_model,
+            meta["tokenizer_sha256"],
+            meta["checkpoint_fingerprint"],
+            meta["combine"],
+        )
+    return Engine(
+        model,
+        TableLookup(table) if table else None,
+        meta["tokenizer_sha256"],
+        meta["checkpoint_step"],
+    )

@@ -12,7 +12,9 @@ from scone_jax.serve.engine import Engine
 from scone_jax.serve.input_layer import prefetch_prepared
 
 
-def evaluate_engine(engine: Engine, eval_sets: dict[str, list[dict]], token_bytes: np.ndarray) -> dict:
+def evaluate_engine(
+    engine: Engine, eval_sets: dict[str, list[dict]], token_bytes: np.ndarray
+) -> dict:
     """`eval_sets`: name -> batches with `inputs`, `targets` and (SCONE) `fgram_ids`."""
 
     @jax.jit

@@ -33,12 +33,17 @@ def prompt_fgram_ids(engine: Engine, prompts: list[np.ndarray], width: int) -> n
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     tags, _ = tag_tokens(fgram_set, flat, offsets)  # each prompt is its own document
     for b, p in enumerate(prompts):
-        ids[b, width - len(p):] = tags[offsets[b]:offsets[b + 1]]
+        ids[b, width - len(p) :] = tags[offsets[b] : offsets[b + 1]]
     return ids
 
 
-def decode_steps(engine: Engine, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling = GREEDY,
-                 seed: int = 0) -> Iterator[np.ndarray]:
+def decode_steps(
+    engine: Engine,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    sampling: Sampling = GREEDY,
+    seed: int = 0,
+) -> Iterator[np.ndarray]:
     """The new tokens [B] of each step, as soon as they are on the host; the next step (the
     first: the prefill) runs only when the caller asks for it, so a caller can stop early or
     time each step. Bad arguments are refused at the call.
@@ -53,8 +58,10 @@ def decode_steps(engine: Engine, prompts: list[list[int]], max_new_tokens: int, 
     prompts = [np.asarray(p, np.int64) for p in prompts]
     longest, limit = max(len(p) for p in prompts), engine.model.cfg.max_seq_len
     if longest + max_new_tokens > limit:
-        raise UserError(f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds the model's "
-                        f"max_seq_len={limit}")
+        raise UserError(
+            f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+            f"max_seq_len={limit}"
+        )
     if max_new_tokens <= 0:
         return iter(())
     # shapes in buckets, so new prompt lengths and generation lengths rarely recompile
@@ -63,17 +70,26 @@ def decode_steps(engine: Engine, prompts: list[list[int]], max_new_tokens: int, 
     return _steps(engine, prompts, width, total, max_new_tokens, sampling, seed)
 
 
-def _steps(engine: Engine, prompts: list[np.ndarray], width: int, total: int, max_new_tokens: int,
-           sampling: Sampling, seed: int) -> Iterator[np.ndarray]:
+def _steps(
+    engine: Engine,
+    prompts: list[np.ndarray],
+    width: int,
+    total: int,
+    max_new_tokens: int,
+    sampling: Sampling,
+    seed: int,
+) -> Iterator[np.ndarray]:
     """`decode_steps` for prompts left-padded to `width`, with a KV cache of `total` positions."""
     batch = len(prompts)
     tokens = np.zeros((batch, width), np.int32)
     for b, p in enumerate(prompts):
-        tokens[b, width - len(p):] = p
+        tokens[b, width - len(p) :] = p
     first_valid = jnp.asarray([width - len(p) for p in prompts], jnp.int32)
     cache = engine.init_cache(batch, total)
     prepared = engine.prepare(prompt_fgram_ids(engine, prompts, width))
-    new, key, cache = engine.decode_step(tokens, prepared, cache, 0, first_valid, jax.random.key(seed), sampling)
+    new, key, cache = engine.decode_step(
+        tokens, prepared, cache, 0, first_valid, jax.random.key(seed), sampling
+    )
     lookup = engine.lookup.decoder(prompts) if engine.lookup else None
     for step in range(max_new_tokens):
         new = np.asarray(new)
@@ -81,11 +97,19 @@ def _steps(engine: Engine, prompts: list[np.ndarray], width: int, total: int, ma
         if step == max_new_tokens - 1:
             return
         prepared = lookup(new) if lookup else {}
-        new, key, cache = engine.decode_step(new[:, None], prepared, cache, width + step, first_valid, key, sampling)
+        new, key, cache = engine.decode_step(
+            new[:, None], prepared, cache, width + step, first_valid, key, sampling
+        )
 
 
-def generate(engine: Engine, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling = GREEDY,
-             seed: int = 0, eos_id: int | None = None) -> list[list[int]]:
+def generate(
+    engine: Engine,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    sampling: Sampling = GREEDY,
+    seed: int = 0,
+    eos_id: int | None = None,
+) -> list[list[int]]:
     """New tokens for each prompt (`decode_steps`), stopping a row at `eos_id` (which is included)
     and the whole batch once every row has it."""
     steps, done = [], np.zeros(len(prompts), bool)
@@ -99,5 +123,5 @@ def generate(engine: Engine, prompts: list[list[int]], max_new_tokens: int, samp
         return [[] for _ in prompts]
     out = np.stack(steps, axis=1).tolist()
     if eos_id is not None:
-        out = [row[:row.index(eos_id) + 1] if eos_id in row else row for row in out]
+        out = [row[: row.index(eos_id) + 1] if eos_id in row else row for row in out]
     return out

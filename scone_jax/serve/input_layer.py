@@ -49,10 +49,10 @@ class TableLookup:
         index[matched] = inverse
         if isinstance(self.table, DeviceTable):
             row_ids = np.zeros(size, np.int32)
-            row_ids[:len(unique)] = unique
+            row_ids[: len(unique)] = unique
             return {"fgram_index": index, "fgram_row_ids": row_ids}
         rows = np.zeros((size, self.table.width), np.float32)
-        rows[:len(unique)] = self.table.gather(unique)
+        rows[: len(unique)] = self.table.gather(unique)
         return {"fgram_index": index, "fgram_rows": rows}
 
     def decoder(self, prompts: list[np.ndarray]) -> Callable[[np.ndarray], dict[str, np.ndarray]]:
@@ -77,7 +77,11 @@ class TableLookup:
             rows, scales = table.gather_stored([max(i, 0) for i in ids])
             if min(ids) < 0:
                 rows[[b for b, i in enumerate(ids) if i < 0]] = 0
-            return {"fgram_step_rows": rows} if scales is None else {"fgram_step_rows": rows, "fgram_step_scales": scales}
+            return (
+                {"fgram_step_rows": rows}
+                if scales is None
+                else {"fgram_step_rows": rows, "fgram_step_scales": scales}
+            )
 
         return step
 
@@ -91,13 +95,17 @@ class TableLookup:
         """Inside jit: x [B, T, d] plus the table's row at each matched position."""
         if "fgram_step_rows" in prepared:  # a decode step: row b is sequence b's, as stored
             rows = prepared["fgram_step_rows"].astype(jnp.float32)
-            if "fgram_step_scales" in prepared:  # int8: dequantized as `table_store.dequantize` does
+            if (
+                "fgram_step_scales" in prepared
+            ):  # int8: dequantized as `table_store.dequantize` does
                 rows = rows * prepared["fgram_step_scales"][:, None]
             return x + rows[:, None, :].astype(x.dtype)
         if "fgram_step_ids" in prepared:  # the same from the device tier's table
             ids = prepared["fgram_step_ids"]
             index = jnp.where(ids >= 0, jnp.arange(ids.shape[0], dtype=jnp.int32), -1)[:, None]
-            return add_table_rows(x, index, jnp.take(self.table.device_rows, jnp.maximum(ids, 0), axis=0))
+            return add_table_rows(
+                x, index, jnp.take(self.table.device_rows, jnp.maximum(ids, 0), axis=0)
+            )
         return add_table_rows(x, prepared["fgram_index"], self.rows_on_device(prepared))
 
 

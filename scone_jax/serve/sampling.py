@@ -45,7 +45,9 @@ def sample(logits: jax.Array, key: jax.Array, sampling: Sampling) -> jax.Array:
         probs = jax.nn.softmax(sorted_logits, axis=-1)
         before = jnp.cumsum(probs, axis=-1) - probs  # mass of the tokens ranked above
         sorted_logits = jnp.where(before >= sampling.top_p, -jnp.inf, sorted_logits)
-        logits = jnp.full_like(logits, -jnp.inf).at[jnp.arange(logits.shape[0])[:, None], order].set(sorted_logits)
+        logits = (
+            jnp.full_like(logits, -jnp.inf)
+            .at[jnp.arange(logits.shape[0])[:, None], order]
+            .set(sorted_logits)
+        )
     return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
-
-

@@ -26,7 +26,14 @@ _MISSING = 2**64 - 1  # an index entry of a chunk never written
 
 
 class ShardReader:
-    def __init__(self, directory: Path, shape: tuple[int, int], shard_rows: int, chunk_rows: int, dtype: np.dtype):
+    def __init__(
+        self,
+        directory: Path,
+        shape: tuple[int, int],
+        shard_rows: int,
+        chunk_rows: int,
+        dtype: np.dtype,
+    ):
         self.directory, self.shape, self.dtype = directory, shape, dtype
         self.shard_rows, self.chunk_rows = shard_rows, chunk_rows
         self.chunks_per_shard = shard_rows // chunk_rows
@@ -48,9 +55,12 @@ class ShardReader:
         if len(codecs) != 1 or codecs[0].get("name") != "sharding_indexed":
             return None
         inner = codecs[0].get("configuration", {})
-        if (not _raw_with_crc(inner.get("codecs")) or not _raw_with_crc(inner.get("index_codecs"))
-                or inner.get("index_location", "end") != "end"
-                or meta.get("chunk_key_encoding", {}).get("name") != "default"):
+        if (
+            not _raw_with_crc(inner.get("codecs"))
+            or not _raw_with_crc(inner.get("index_codecs"))
+            or inner.get("index_location", "end") != "end"
+            or meta.get("chunk_key_encoding", {}).get("name") != "default"
+        ):
             return None
         outer = meta["chunk_grid"]["configuration"]["chunk_shape"]
         chunk = inner["chunk_shape"]
@@ -64,14 +74,18 @@ class ShardReader:
         chunk_of = ids // self.chunk_rows
         starts = np.flatnonzero(np.r_[True, chunk_of[1:] != chunk_of[:-1]])
         for a, b in zip(starts, np.r_[starts[1:], len(ids)], strict=True):
-            rows = np.frombuffer(self._chunk(int(chunk_of[a])), self.dtype, count=self.chunk_rows * self.shape[1])
+            rows = np.frombuffer(
+                self._chunk(int(chunk_of[a])), self.dtype, count=self.chunk_rows * self.shape[1]
+            )
             out[a:b] = rows.reshape(self.chunk_rows, -1)[ids[a:b] - chunk_of[a] * self.chunk_rows]
         return out
 
     def read_row(self, row: int) -> np.ndarray:
         """One stored row [d]: the fewest calls, for a decode step's few rows."""
         chunk, within = divmod(row, self.chunk_rows)
-        return np.frombuffer(self._chunk(chunk), self.dtype, count=self.shape[1], offset=within * self.row_bytes)
+        return np.frombuffer(
+            self._chunk(chunk), self.dtype, count=self.shape[1], offset=within * self.row_bytes
+        )
 
     def _chunk(self, chunk: int) -> bytes:
         """A chunk's bytes, its crc32c checked (the 4 checksum bytes left at the end)."""
@@ -79,8 +93,10 @@ class ShardReader:
         fd, index = self._shard(shard)
         offset, nbytes = index[within].tolist()
         if offset == _MISSING or nbytes != self.chunk_bytes + 4:
-            raise UserError(f"table rows file {self._path(shard)}: chunk {within} is missing or has {nbytes} "
-                            f"bytes (expected {self.chunk_bytes + 4}); the table is damaged, export it again")
+            raise UserError(
+                f"table rows file {self._path(shard)}: chunk {within} is missing or has {nbytes} "
+                f"bytes (expected {self.chunk_bytes + 4}); the table is damaged, export it again"
+            )
         data = os.pread(fd, nbytes, offset)
         if not _intact(data):
             raise _damaged(self._path(shard), f"chunk {within}")
@@ -93,13 +109,17 @@ class ShardReader:
                 try:
                     fd = os.open(path, os.O_RDONLY)
                 except OSError as e:
-                    raise UserError(f"table rows file {path} cannot be read: {e.strerror}") from None
+                    raise UserError(
+                        f"table rows file {path} cannot be read: {e.strerror}"
+                    ) from None
                 size = self.chunks_per_shard * 16 + 4
                 end = os.fstat(fd).st_size
                 data = os.pread(fd, size, end - size) if end >= size else b""
                 if not _intact(data):
                     raise _damaged(path, "index")
-                self._indexes[shard] = np.frombuffer(data, "<u8", count=2 * self.chunks_per_shard).reshape(-1, 2)
+                self._indexes[shard] = np.frombuffer(
+                    data, "<u8", count=2 * self.chunks_per_shard
+                ).reshape(-1, 2)
                 self._files[shard] = fd
             return self._files[shard], self._indexes[shard]
 
@@ -107,13 +127,16 @@ class ShardReader:
         return self.directory / "c" / str(shard) / "0"
 
 
-
 def _raw_with_crc(codecs) -> bool:
     """Whether chunks are stored as raw little-endian bytes followed by a crc32c (1-byte types
     record no endianness)."""
-    return (isinstance(codecs, list) and len(codecs) == 2 and codecs[0].get("name") == "bytes"
-            and codecs[0].get("configuration", {}).get("endian", "little") == "little"
-            and codecs[1] == {"name": "crc32c"})
+    return (
+        isinstance(codecs, list)
+        and len(codecs) == 2
+        and codecs[0].get("name") == "bytes"
+        and codecs[0].get("configuration", {}).get("endian", "little") == "little"
+        and codecs[1] == {"name": "crc32c"}
+    )
 
 
 def _close_files(files: dict[int, int]) -> None:
@@ -123,9 +146,13 @@ def _close_files(files: dict[int, int]) -> None:
 
 def _intact(data: bytes) -> bool:
     """Whether data = payload + its little-endian crc32c."""
-    return len(data) >= 4 and crc32c.crc32c(memoryview(data)[:-4]) == int.from_bytes(data[-4:], "little")
+    return len(data) >= 4 and crc32c.crc32c(memoryview(data)[:-4]) == int.from_bytes(
+        data[-4:], "little"
+    )
 
 
 def _damaged(path: Path, what: str) -> UserError:
-    return UserError(f"table rows file {path}: {what} fails its crc32c check (or is truncated); "
-                     "the table is damaged, export it again")
+    return UserError(
+        f"table rows file {path}: {what} fails its crc32c check (or is truncated); "
+        "the table is damaged, export it again"
+    )

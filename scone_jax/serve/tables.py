@@ -48,12 +48,18 @@ def read_meta(url: str) -> tuple[Location, dict]:
     loc = parse_location(url)
     meta = read_json(loc, META)
     if meta is None:
-        raise UserError(f"{url} is not a complete f-gram table (no {META}; an export may be unfinished)")
+        raise UserError(
+            f"{url} is not a complete f-gram table (no {META}; an export may be unfinished)"
+        )
     if meta.get("format_version") != FORMAT_VERSION:
-        raise UserError(f"{url}/{META}: format_version={meta.get('format_version')!r} (expected {FORMAT_VERSION}; "
-                        "export the table again)")
+        raise UserError(
+            f"{url}/{META}: format_version={meta.get('format_version')!r} (expected "
+            f"{FORMAT_VERSION}; export the table again)"
+        )
     if meta.get(META_CHECKSUM) != meta_digest(meta):
-        raise UserError(f"{url}/{META} fails its checksum ({META_CHECKSUM}); the table's metadata is corrupt")
+        raise UserError(
+            f"{url}/{META} fails its checksum ({META_CHECKSUM}); the table's metadata is corrupt"
+        )
     return loc, meta
 
 
@@ -63,8 +69,12 @@ def _read(array, what: str, url: str, index=None) -> np.ndarray:
         return np.asarray(view.read().result())
     except UserError:
         raise
-    except Exception as e:  # tensorstore reports missing or corrupt chunks as ValueError-like errors
-        raise UserError(f"table {url}: reading {what} failed: {str(e).splitlines()[0][:300]}") from None
+    except (
+        Exception
+    ) as e:  # tensorstore reports missing or corrupt chunks as ValueError-like errors
+        raise UserError(
+            f"table {url}: reading {what} failed: {str(e).splitlines()[0][:300]}"
+        ) from None
 
 
 @dataclass
@@ -92,16 +102,31 @@ class Table(ABC):
         (else None): a decode step converts them on the device, saving the host a pass."""
         return self.gather(np.asarray(ids, np.int64)), None
 
-    def check_compatible(self, width: int, tokenizer_sha256: str | None = None,
-                         checkpoint_fingerprint: str | None = None) -> None:
+    def check_compatible(
+        self,
+        width: int,
+        tokenizer_sha256: str | None = None,
+        checkpoint_fingerprint: str | None = None,
+    ) -> None:
         if self.width != width:
-            raise UserError(f"table {self.url} has width {self.width}, but the model's embeddings have width {width}")
+            raise UserError(
+                f"table {self.url} has width {self.width}, but the model's embeddings have width "
+                f"{width}"
+            )
         if tokenizer_sha256 and self.meta.get("tokenizer_sha256") != tokenizer_sha256:
-            raise UserError(f"table {self.url} was made with tokenizer {str(self.meta.get('tokenizer_sha256'))[:12]}, "
-                            f"not {tokenizer_sha256[:12]}")
-        if checkpoint_fingerprint and self.meta.get("checkpoint_fingerprint") != checkpoint_fingerprint:
-            raise UserError(f"table {self.url} was exported from checkpoint "
-                            f"{str(self.meta.get('checkpoint_fingerprint'))[:12]}, not {checkpoint_fingerprint[:12]}")
+            raise UserError(
+                f"table {self.url} was made with tokenizer "
+                f"{str(self.meta.get('tokenizer_sha256'))[:12]}, not {tokenizer_sha256[:12]}"
+            )
+        if (
+            checkpoint_fingerprint
+            and self.meta.get("checkpoint_fingerprint") != checkpoint_fingerprint
+        ):
+            raise UserError(
+                f"table {self.url} was exported from checkpoint "
+                f"{str(self.meta.get('checkpoint_fingerprint'))[:12]}, not "
+                f"{checkpoint_fingerprint[:12]}"
+            )
 
 
 def _load_fgram_set(loc: Location, meta: dict, url: str) -> FgramSet:
@@ -118,16 +143,23 @@ def _load_fgram_set(loc: Location, meta: dict, url: str) -> FgramSet:
                 (Path(tmp) / name).write_bytes(bytes(value.value))
             fgram_set = FgramSet.load(tmp)
             fgram_set.path = None
-    if fgram_set.fingerprint != meta["fgram_set_fingerprint"] or fgram_set.num_fgrams != meta["num_rows"]:
-        raise UserError(f"table {url}: its f-gram set does not match the table (fingerprint or size)")
+    if (
+        fgram_set.fingerprint != meta["fgram_set_fingerprint"]
+        or fgram_set.num_fgrams != meta["num_rows"]
+    ):
+        raise UserError(
+            f"table {url}: its f-gram set does not match the table (fingerprint or size)"
+        )
     return fgram_set
 
 
 def _read_all_verified(loc: Location, meta: dict, url: str) -> tuple[np.ndarray, np.ndarray | None]:
     rows_arr = open_array(loc, "rows")
     if tuple(rows_arr.shape) != (meta["num_rows"], meta["width"]):
-        raise UserError(f"table {url}: rows have shape {tuple(rows_arr.shape)}, meta says "
-                        f"({meta['num_rows']}, {meta['width']})")
+        raise UserError(
+            f"table {url}: rows have shape {tuple(rows_arr.shape)}, meta says "
+            f"({meta['num_rows']}, {meta['width']})"
+        )
     stored = _read(rows_arr, "rows", url)
     scale = _read(open_array(loc, "scales"), "scales", url) if meta["dtype"] == "int8" else None
     ranges = []
@@ -171,23 +203,36 @@ class DiskTable(Table):
     skip tensorstore for rows altogether (`ShardReader`: a pread and a crc32c per chunk).
     """
 
-    ROW_CACHE_SHARE = 8  # through tensorstore: 1/8 of cache_bytes holds recent rows, the rest its chunks
-    FEW_ROWS = 32  # up to this many ids (a decode step), a row-by-row loop beats whole-array numpy calls
+    ROW_CACHE_SHARE = (
+        8  # through tensorstore: 1/8 of cache_bytes holds recent rows, the rest its chunks
+    )
+    FEW_ROWS = (
+        32  # up to this many ids (a decode step), a row-by-row loop beats whole-array numpy calls
+    )
 
     def __init__(self, url: str, cache_bytes: int = 256 << 20):
         loc, meta = read_meta(url)
         super().__init__(url, meta, _load_fgram_set(loc, meta, url))
         row_bytes = int(cache_bytes) // self.ROW_CACHE_SHARE
-        context = ts.Context(ts.Context.Spec({"cache_pool": {"total_bytes_limit": int(cache_bytes) - row_bytes}}),
-                             parent=SHARED_CONTEXT)  # the parent keeps memory:// stores visible
+        context = ts.Context(
+            ts.Context.Spec({"cache_pool": {"total_bytes_limit": int(cache_bytes) - row_bytes}}),
+            parent=SHARED_CONTEXT,
+        )  # the parent keeps memory:// stores visible
         self.rows = open_array(loc, "rows", context)
         if tuple(self.rows.shape) != (meta["num_rows"], meta["width"]):
-            raise UserError(f"table {url}: rows have shape {tuple(self.rows.shape)}, meta says "
-                            f"({meta['num_rows']}, {meta['width']})")
-        # local tables: rows read with pread, so the row cache gets the whole budget (shard_reader.py)
-        self.direct = ShardReader.for_array(self.rows, loc.local_path / "rows" if loc.local_path else None)
+            raise UserError(
+                f"table {url}: rows have shape {tuple(self.rows.shape)}, meta says "
+                f"({meta['num_rows']}, {meta['width']})"
+            )
+        # local tables: rows read with pread, so the row cache gets the whole budget
+        # (shard_reader.py)
+        self.direct = ShardReader.for_array(
+            self.rows, loc.local_path / "rows" if loc.local_path else None
+        )
         slots = max((int(cache_bytes) if self.direct else row_bytes) // (4 * self.width), 1)
-        self.scale = _read(open_array(loc, "scales"), "scales", url) if meta["dtype"] == "int8" else None
+        self.scale = (
+            _read(open_array(loc, "scales"), "scales", url) if meta["dtype"] == "int8" else None
+        )
         self._slot_ids = np.full(slots, -1, np.int64)  # row id held by each slot (-1: empty)
         self._slot_rows = np.zeros((slots, self.width), np.float32)
         self._lock = threading.Lock()  # slot ids and rows change together
@@ -205,7 +250,9 @@ class DiskTable(Table):
                 unique, inverse = np.unique(flat[miss], return_inverse=True)  # each row read once
                 fetched = self._read_rows(unique)
                 rows[miss] = fetched[inverse]
-                kept, first = np.unique(unique % len(self._slot_ids), return_index=True)  # one id per slot
+                kept, first = np.unique(
+                    unique % len(self._slot_ids), return_index=True
+                )  # one id per slot
                 self._slot_ids[kept] = unique[first]
                 self._slot_rows[kept] = fetched[first]
         return rows.reshape(*ids.shape, self.width)
@@ -226,7 +273,11 @@ class DiskTable(Table):
         return out.reshape(*ids.shape, self.width)
 
     def _read_rows(self, unique: np.ndarray) -> np.ndarray:
-        stored = self.direct.read(unique) if self.direct else _read(self.rows, "rows", self.url, (unique,))
+        stored = (
+            self.direct.read(unique)
+            if self.direct
+            else _read(self.rows, "rows", self.url, (unique,))
+        )
         return dequantize(stored, None if self.scale is None else self.scale[unique])
 
 

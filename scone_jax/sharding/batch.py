@@ -13,8 +13,13 @@ from scone_jax.sharding.rules import MeshAxes, logical_to_spec, named_sharding
 BATCH_AXES = {"inputs": ("batch", "seq"), "targets": ("batch", "seq")}
 
 
-def batch_shardings(mesh: Mesh, rules: Mapping[str, MeshAxes], batch_size: int, seq_len: int,
-                    max_n: int | None = None):
+def batch_shardings(
+    mesh: Mesh,
+    rules: Mapping[str, MeshAxes],
+    batch_size: int,
+    seq_len: int,
+    max_n: int | None = None,
+):
     """Shardings of a batch; SCONE batches (`max_n` set) also carry `fgram_index` and the
     prefix forest's node buffers (scone_jax/forest/), one group per f-gram data shard."""
     out = {k: named_sharding(v, (batch_size, seq_len), mesh, rules) for k, v in BATCH_AXES.items()}
@@ -27,9 +32,13 @@ def batch_shardings(mesh: Mesh, rules: Mapping[str, MeshAxes], batch_size: int, 
 def node_shardings(mesh: Mesh, rules: Mapping[str, MeshAxes]) -> dict[str, NamedSharding]:
     """The prefix forest's buffers ([G, N, B] tokens, [G, N, B, K] paths, [G, R] output slots):
     groups over the data shards."""
-    return {"fgram_nodes": NamedSharding(mesh, logical_to_spec(("fgram/batch", None, None), rules)),
-            "fgram_paths": NamedSharding(mesh, logical_to_spec(("fgram/batch", None, None, None), rules)),
-            "fgram_outputs": NamedSharding(mesh, logical_to_spec(("fgram/batch", None), rules))}
+    return {
+        "fgram_nodes": NamedSharding(mesh, logical_to_spec(("fgram/batch", None, None), rules)),
+        "fgram_paths": NamedSharding(
+            mesh, logical_to_spec(("fgram/batch", None, None, None), rules)
+        ),
+        "fgram_outputs": NamedSharding(mesh, logical_to_spec(("fgram/batch", None), rules)),
+    }
 
 
 def fgram_groups(mesh: Mesh, rules: Mapping[str, MeshAxes]) -> int:

@@ -47,15 +47,20 @@ def make_rules(overrides: Mapping[str, object] | None = None) -> dict[str, MeshA
     """DEFAULT_RULES with config overrides applied; unknown names or axes are a UserError."""
     rules = dict(DEFAULT_RULES)
     for name, target in (overrides or {}).items():
-        base = next((name[len(ns):] for ns in NAMESPACES if name.startswith(ns)), name)
+        base = next((name[len(ns) :] for ns in NAMESPACES if name.startswith(ns)), name)
         if base not in DEFAULT_RULES:
-            raise UserError(f"mesh.rules: unknown logical axis {name!r} (expected one of {sorted(rules)})")
+            raise UserError(
+                f"mesh.rules: unknown logical axis {name!r} (expected one of {sorted(rules)})"
+            )
         if isinstance(target, list):
             target = tuple(target)
         axes = (target,) if isinstance(target, str) else (target or ())
         for axis in axes:
             if axis not in MESH_AXES:
-                raise UserError(f"mesh.rules.{name}: unknown mesh axis {axis!r} (expected one of {MESH_AXES} or null)")
+                raise UserError(
+                    f"mesh.rules.{name}: unknown mesh axis {axis!r} (expected one of {MESH_AXES} "
+                    "or null)"
+                )
         rules[name] = target
     return rules
 
@@ -64,8 +69,8 @@ def _lookup(name: str, rules: Mapping[str, MeshAxes]) -> MeshAxes:
     if name in rules:
         return rules[name]
     for ns in NAMESPACES:
-        if name.startswith(ns) and name[len(ns):] in rules:
-            return rules[name[len(ns):]]
+        if name.startswith(ns) and name[len(ns) :] in rules:
+            return rules[name[len(ns) :]]
     raise KeyError(f"logical axis {name!r} has no rule in the rules table")
 
 
@@ -97,8 +102,9 @@ def fit_spec(spec: PartitionSpec, shape: Sequence[int], mesh: Mesh) -> Partition
     return PartitionSpec(*out)
 
 
-def named_sharding(names: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
-                   rules: Mapping[str, MeshAxes]) -> NamedSharding:
+def named_sharding(
+    names: Sequence[str | None], shape: Sequence[int], mesh: Mesh, rules: Mapping[str, MeshAxes]
+) -> NamedSharding:
     return NamedSharding(mesh, fit_spec(logical_to_spec(names, rules), shape, mesh))
 
 
@@ -143,4 +149,6 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     if ctx is None:
         return x
     mesh, rules = ctx
-    return jax.lax.with_sharding_constraint(x, named_sharding(axis_names(names), x.shape, mesh, rules))
+    return jax.lax.with_sharding_constraint(
+        x, named_sharding(axis_names(names), x.shape, mesh, rules)
+    )

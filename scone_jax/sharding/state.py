@@ -13,8 +13,11 @@ from scone_jax.sharding.rules import MeshAxes, named_sharding
 
 def state_shardings(abstract_state, logical_axes, mesh: Mesh, rules: Mapping[str, MeshAxes]):
     """Shardings for {params, opt_state, step}: optimizer moments follow their parameter."""
-    param_sh = jax.tree.map(lambda spec, leaf: named_sharding(tuple(spec), leaf.shape, mesh, rules),
-                            logical_axes, abstract_state["params"])
+    param_sh = jax.tree.map(
+        lambda spec, leaf: named_sharding(tuple(spec), leaf.shape, mesh, rules),
+        logical_axes,
+        abstract_state["params"],
+    )
     replicated = NamedSharding(mesh, PartitionSpec())
     param_struct = jax.tree.structure(abstract_state["params"])
 
@@ -24,6 +27,9 @@ def state_shardings(abstract_state, logical_axes, mesh: Mesh, rules: Mapping[str
             return param_sh
         return jax.tree.map(lambda _: replicated, node)
 
-    opt_sh = jax.tree.map(opt_shardings, abstract_state["opt_state"],
-                          is_leaf=lambda n: jax.tree.structure(n) == param_struct)
+    opt_sh = jax.tree.map(
+        opt_shardings,
+        abstract_state["opt_state"],
+        is_leaf=lambda n: jax.tree.structure(n) == param_struct,
+    )
     return {"params": param_sh, "opt_state": opt_sh, "step": replicated}

@@ -1,1 +1,2 @@
-"""Sweeps: expand a sweep file into runs, run them (here or through `launch/`), report the results."""
+"""Sweeps: expand a sweep file into runs, run them (here or through `launch/`), report the
+results."""

@@ -75,35 +75,78 @@ class SweepPlan:
                 raise UserError(f"sweep point {pp.point.name}: {e}") from None
             if not (run_dir / CONFIG_FILE).is_file():
                 save_run_config(pp.config)
-        record = {"name": self.spec.name, "sweep_file": str(self.spec.path.absolute()),
-                  "config": str(self.spec.config), "eval_corpora": self.spec.eval_corpora,
-                  "points": [{"name": pp.point.name, "axes": pp.point.axes, "overrides": pp.overrides,
-                              "run_dir": pp.config.run_dir} for pp in self.points],
-                  "steps": [{"kind": s.kind, "name": s.name, "argv": s.argv} for s in self.steps]}
+        record = {
+            "name": self.spec.name,
+            "sweep_file": str(self.spec.path.absolute()),
+            "config": str(self.spec.config),
+            "eval_corpora": self.spec.eval_corpora,
+            "points": [
+                {
+                    "name": pp.point.name,
+                    "axes": pp.point.axes,
+                    "overrides": pp.overrides,
+                    "run_dir": pp.config.run_dir,
+                }
+                for pp in self.points
+            ],
+            "steps": [{"kind": s.kind, "name": s.name, "argv": s.argv} for s in self.steps],
+        }
         atomic_write_json(self.sweep_dir / PLAN_FILE, record)
 
 
 def _tokenization_key(cfg: Config) -> str:
     d = cfg.data
-    fields = [d.corpus, d.doc_split, d.jsonl_field, d.tokenizer, d.tokenizer_vocab_size, d.tokenizer_type,
-              d.max_default_corpus_mb]
+    fields = [
+        d.corpus,
+        d.doc_split,
+        d.jsonl_field,
+        d.tokenizer,
+        d.tokenizer_vocab_size,
+        d.tokenizer_type,
+        d.max_default_corpus_mb,
+    ]
     return "tok-" + hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:8]
 
 
 def _tokenize_argv(cfg: Config, corpus: list[str], out: Path, tokenizer: str | None) -> list[str]:
-    argv = ["tokenize", *[a for c in corpus for a in ("--corpus", c)], "--doc-split", cfg.data.doc_split,
-            "--jsonl-field", cfg.data.jsonl_field, "--out", str(out), "--no-progress"]
+    argv = [
+        "tokenize",
+        *[a for c in corpus for a in ("--corpus", c)],
+        "--doc-split",
+        cfg.data.doc_split,
+        "--jsonl-field",
+        cfg.data.jsonl_field,
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     if tokenizer:
         return argv + ["--tokenizer", tokenizer]
-    return argv + ["--vocab-size", str(cfg.data.tokenizer_vocab_size), "--model-type", cfg.data.tokenizer_type,
-                   "--max-default-corpus-mb", format_value(cfg.data.max_default_corpus_mb)]
+    return argv + [
+        "--vocab-size",
+        str(cfg.data.tokenizer_vocab_size),
+        "--model-type",
+        cfg.data.tokenizer_type,
+        "--max-default-corpus-mb",
+        format_value(cfg.data.max_default_corpus_mb),
+    ]
 
 
 def _fgram_step(cfg: Config, dataset: Path, data_dir: Path) -> Step:
     f, d = cfg.fgrams, cfg.data
     name = f"K{f.max_n}_S{f.num_fgrams}_min{f.min_count}"
-    argv = ["fgrams", "build", str(dataset), "--max-n", str(f.max_n), "--num-fgrams", str(f.num_fgrams),
-            "--min-count", str(f.min_count), "--no-progress"]
+    argv = [
+        "fgrams",
+        "build",
+        str(dataset),
+        "--max-n",
+        str(f.max_n),
+        "--num-fgrams",
+        str(f.num_fgrams),
+        "--min-count",
+        str(f.min_count),
+        "--no-progress",
+    ]
     if d.eval_fraction > 0:  # count on the training split, exactly the documents `train` trains on
         name += f"_heldout{format_value(d.eval_fraction)}_seed{d.seed}"
         argv += ["--heldout-fraction", format_value(d.eval_fraction), "--split-seed", str(d.seed)]
@@ -118,25 +161,45 @@ def plan_sweep(spec: SweepSpec, sweep_dir: str | Path, extra: list[str] | None =
     steps: dict[Path, Step] = {}
     points: list[PointPlan] = []
     for point in spec.points:
-        own = common + [f"{k}={format_value(v)}" for k, v in point.overrides.items()] + list(extra or [])
+        own = (
+            common
+            + [f"{k}={format_value(v)}" for k, v in point.overrides.items()]
+            + list(extra or [])
+        )
         cfg = load_config(spec.config, own)
         managed = [f"run_dir={sweep_dir / 'points' / point.name}"]
         if cfg.data.dataset:
             dataset = Path(cfg.data.dataset)
-            data_dir = sweep_dir / "data" / ("ds-" + hashlib.sha256(str(dataset).encode()).hexdigest()[:8])
+            data_dir = (
+                sweep_dir / "data" / ("ds-" + hashlib.sha256(str(dataset).encode()).hexdigest()[:8])
+            )
             tokenizer = str(dataset / "tokenizer.model")
         else:
             data_dir = sweep_dir / "data" / _tokenization_key(cfg)
             dataset = data_dir / "train"
             tokenizer = str(dataset / "tokenizer.model")
-            steps.setdefault(dataset, Step("tokenize", f"tokenize {data_dir.name}/train",
-                                           _tokenize_argv(cfg, cfg.data.corpus, dataset, cfg.data.tokenizer), dataset))
+            steps.setdefault(
+                dataset,
+                Step(
+                    "tokenize",
+                    f"tokenize {data_dir.name}/train",
+                    _tokenize_argv(cfg, cfg.data.corpus, dataset, cfg.data.tokenizer),
+                    dataset,
+                ),
+            )
             managed.append(f"data.dataset={dataset}")
         eval_sets = list(cfg.data.eval_datasets)
         for corpus_name, corpus in spec.eval_corpora.items():
             out = data_dir / corpus_name
-            steps.setdefault(out, Step("tokenize", f"tokenize {data_dir.name}/{corpus_name}",
-                                       _tokenize_argv(cfg, [corpus], out, tokenizer), out))
+            steps.setdefault(
+                out,
+                Step(
+                    "tokenize",
+                    f"tokenize {data_dir.name}/{corpus_name}",
+                    _tokenize_argv(cfg, [corpus], out, tokenizer),
+                    out,
+                ),
+            )
             eval_sets.append(str(out))
         if spec.eval_corpora:
             managed.append(f"data.eval_datasets={format_value(eval_sets)}")
@@ -147,9 +210,16 @@ def plan_sweep(spec: SweepSpec, sweep_dir: str | Path, extra: list[str] | None =
         overrides = own + managed
         cfg = load_config(spec.config, overrides)
         run_dir = Path(cfg.run_dir)
-        steps[run_dir] = Step("train", f"train {point.name}", ["train", str(spec.config), *overrides], run_dir,
-                              point=point.name)
+        steps[run_dir] = Step(
+            "train",
+            f"train {point.name}",
+            ["train", str(spec.config), *overrides],
+            run_dir,
+            point=point.name,
+        )
         points.append(PointPlan(point=point, config=cfg, overrides=overrides))
     order = {"tokenize": 0, "fgrams": 1, "train": 2}
-    ordered = sorted(steps.values(), key=lambda s: order[s.kind])  # stable: keeps the spec's point order
+    ordered = sorted(
+        steps.values(), key=lambda s: order[s.kind]
+    )  # stable: keeps the spec's point order
     return SweepPlan(spec=spec, sweep_dir=sweep_dir, steps=ordered, points=points)

@@ -12,12 +12,30 @@ from pathlib import Path
 
 AXES = (  # (file, x column, the column whose variation calls for the plot, x label, log x,
     #        columns that tell the lines apart)
-    ("ppl_vs_num_fgrams.png", "num_fgrams", "num_fgrams", "number of f-grams (table rows)", True,
-     ("fgram_model_size", "max_n", "combine")),
-    ("ppl_vs_fgram_model_size.png", "fgram_model_params", "fgram_model_layers",  # not K's position rows
-     "f-gram model parameters (training only)", False, ("num_fgrams", "max_n", "combine")),
-    ("ppl_vs_max_n.png", "max_n", "max_n", "maximum f-gram length K", False,
-     ("num_fgrams", "fgram_model_size", "combine")),
+    (
+        "ppl_vs_num_fgrams.png",
+        "num_fgrams",
+        "num_fgrams",
+        "number of f-grams (table rows)",
+        True,
+        ("fgram_model_size", "max_n", "combine"),
+    ),
+    (
+        "ppl_vs_fgram_model_size.png",
+        "fgram_model_params",
+        "fgram_model_layers",  # not K's position rows
+        "f-gram model parameters (training only)",
+        False,
+        ("num_fgrams", "max_n", "combine"),
+    ),
+    (
+        "ppl_vs_max_n.png",
+        "max_n",
+        "max_n",
+        "maximum f-gram length K",
+        False,
+        ("num_fgrams", "fgram_model_size", "combine"),
+    ),
 )
 LABELS = {"fgram_model_size": "f-gram model", "max_n": "K", "combine": "", "num_fgrams": "S"}
 
@@ -27,7 +45,11 @@ def _complete(rows: list[dict]) -> list[dict]:
 
 
 def _series_label(key: tuple, names: tuple[str, ...], varying: set[str]) -> str:
-    parts = [f"{LABELS[n]} {v}".strip() if LABELS[n] else str(v) for n, v in zip(names, key) if n in varying]
+    parts = [
+        f"{LABELS[n]} {v}".strip() if LABELS[n] else str(v)
+        for n, v in zip(names, key)
+        if n in varying
+    ]
     return ", ".join(parts) or "SCONE"
 
 
@@ -47,8 +69,16 @@ def _panels(rows: list[dict]) -> list[tuple[str, str]]:
     return mean + [(c, c[4:]) for c in corpora] if len(corpora) > 1 else mean
 
 
-def _axis_plot(rows: list[dict], path: Path, x: str, varies: str, xlabel: str, log_x: bool,
-               group_by: tuple[str, ...], title: str) -> bool:
+def _axis_plot(
+    rows: list[dict],
+    path: Path,
+    x: str,
+    varies: str,
+    xlabel: str,
+    log_x: bool,
+    group_by: tuple[str, ...],
+    title: str,
+) -> bool:
     scone = [r for r in rows if r["scone"] and r.get(x) is not None]
     if len({r.get(varies) for r in scone}) < 2:
         return False
@@ -62,11 +92,20 @@ def _axis_plot(rows: list[dict], path: Path, x: str, varies: str, xlabel: str, l
     for ax, (column, panel_title) in zip(axes[0], panels):
         for key, points in sorted(lines.items(), key=lambda kv: str(kv[0])):
             points.sort(key=lambda r: r[x])
-            ax.plot([r[x] for r in points], [r[column] for r in points], "o-",
-                    label=_series_label(key, group_by, varying))
+            ax.plot(
+                [r[x] for r in points],
+                [r[column] for r in points],
+                "o-",
+                label=_series_label(key, group_by, varying),
+            )
         for i, r in enumerate(r for r in rows if not r["scone"]):
-            ax.axhline(r[column], ls="--", color=f"C{7 + i % 3}",
-                       label=f"{r['point']} ({r['accelerator_params_non_embedding'] / 1e6:,.2f}M non-emb.)")
+            ax.axhline(
+                r[column],
+                ls="--",
+                color=f"C{7 + i % 3}",
+                label=f"{r['point']} ({r['accelerator_params_non_embedding'] / 1e6:,.2f}M "
+                "non-emb.)",
+            )
         if log_x:
             ax.set_xscale("log")
         ax.set_xlabel(xlabel)
@@ -85,8 +124,13 @@ def _params_plot(rows: list[dict], path: Path, title: str) -> None:
     for r in rows:
         marker, color = ("o", "C0") if r["scone"] else ("X", "k")
         ax.scatter(r["accelerator_params"] / 1e6, r["ppl_mean"], marker=marker, color=color, s=45)
-        ax.annotate(r["point"], (r["accelerator_params"] / 1e6, r["ppl_mean"]), fontsize=7,
-                    xytext=(4, 3), textcoords="offset points")
+        ax.annotate(
+            r["point"],
+            (r["accelerator_params"] / 1e6, r["ppl_mean"]),
+            fontsize=7,
+            xytext=(4, 3),
+            textcoords="offset points",
+        )
     ax.scatter([], [], marker="o", color="C0", label="SCONE (f-gram table off the accelerator)")
     ax.scatter([], [], marker="X", color="k", label="baseline")
     ax.set_xlabel("accelerator-resident parameters at inference (M)")

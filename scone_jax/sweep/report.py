@@ -20,10 +20,26 @@ from scone_jax.metrics.flops import count_fgram_params, count_params, model_flop
 from scone_jax.sweep.plan import PLAN_FILE
 
 TABLE_BYTES_PER_VALUE = 4  # float32 rows, `scone-jax export`'s default
-COLUMNS = ("point", "status", "scone", "combine", "num_fgrams", "max_n", "fgram_model_size", "fgram_model_layers",
-           "fgram_model_params", "accelerator_params", "accelerator_params_non_embedding",
-           "inference_flops_per_token", "table_rows", "table_bytes", "coverage", "mean_match_length",
-           "train_steps", "train_flops")
+COLUMNS = (
+    "point",
+    "status",
+    "scone",
+    "combine",
+    "num_fgrams",
+    "max_n",
+    "fgram_model_size",
+    "fgram_model_layers",
+    "fgram_model_params",
+    "accelerator_params",
+    "accelerator_params_non_embedding",
+    "inference_flops_per_token",
+    "table_rows",
+    "table_bytes",
+    "coverage",
+    "mean_match_length",
+    "train_steps",
+    "train_flops",
+)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -53,25 +69,45 @@ def point_row(name: str, run_dir: Path) -> dict:
     cfg = load_run_config(run_dir)
     info = _read_json(run_dir / RUN_INFO_FILE) or {}
     final = _read_json(run_dir / FINAL_EVAL_FILE)
-    row: dict = {"point": name, "status": "complete" if final else "incomplete", "scone": cfg.fgrams.enabled,
-                 "train_steps": cfg.train.steps, "train_flops": _train_flops(run_dir)}
+    row: dict = {
+        "point": name,
+        "status": "complete" if final else "incomplete",
+        "scone": cfg.fgrams.enabled,
+        "train_steps": cfg.train.steps,
+        "train_flops": _train_flops(run_dir),
+    }
     vocab = info.get("vocab_size") or cfg.model.vocab_size
     if vocab:
         total, embedding = count_params(cfg.model, vocab)
-        row.update(accelerator_params=total, accelerator_params_non_embedding=total - embedding,
-                   inference_flops_per_token=model_flops(cfg.model, vocab, cfg.data.seq_len).forward_per_token)
+        row.update(
+            accelerator_params=total,
+            accelerator_params_non_embedding=total - embedding,
+            inference_flops_per_token=model_flops(
+                cfg.model, vocab, cfg.data.seq_len
+            ).forward_per_token,
+        )
     if cfg.fgrams.enabled:
         fgram_model = cfg.fgrams.model_config(cfg.model)
-        row.update(combine=cfg.fgrams.combine, max_n=cfg.fgrams.max_n, fgram_model_size=cfg.fgrams.model_size,
-                   fgram_model_layers=fgram_model.n_layers,
-                   fgram_model_params=count_fgram_params(cfg.fgrams, cfg.model))
+        row.update(
+            combine=cfg.fgrams.combine,
+            max_n=cfg.fgrams.max_n,
+            fgram_model_size=cfg.fgrams.model_size,
+            fgram_model_layers=fgram_model.n_layers,
+            fgram_model_params=count_fgram_params(cfg.fgrams, cfg.model),
+        )
         fgram_dir = Path(info.get("fgram_set") or cfg.fgrams.fgram_set or run_dir / "fgrams")
         meta = _read_json(fgram_dir / "meta.json")
         rows = int(meta["num_fgrams"]) if meta else cfg.fgrams.num_fgrams
-        row.update(num_fgrams=rows, table_rows=rows, table_bytes=rows * cfg.model.d_model * TABLE_BYTES_PER_VALUE)
+        row.update(
+            num_fgrams=rows,
+            table_rows=rows,
+            table_bytes=rows * cfg.model.d_model * TABLE_BYTES_PER_VALUE,
+        )
         coverage = (_read_json(fgram_dir / "stats.json") or {}).get("coverage")
         if coverage:
-            row.update(coverage=coverage["coverage"], mean_match_length=coverage["mean_match_length"])
+            row.update(
+                coverage=coverage["coverage"], mean_match_length=coverage["mean_match_length"]
+            )
     else:
         row.update(num_fgrams=0, table_rows=0, table_bytes=0)
     results = (final or {}).get("results", {})
@@ -80,7 +116,9 @@ def point_row(name: str, run_dir: Path) -> dict:
         row[f"bpb_{corpus}"] = r["bits_per_byte"]
     if results:
         # geometric mean (exp of the mean loss): one out-of-domain corpus must not drown the others
-        row["ppl_mean"] = math.exp(sum(math.log(r["perplexity"]) for r in results.values()) / len(results))
+        row["ppl_mean"] = math.exp(
+            sum(math.log(r["perplexity"]) for r in results.values()) / len(results)
+        )
     return row
 
 
@@ -88,7 +126,10 @@ def gather(sweep_dir: str | Path) -> tuple[dict, list[dict]]:
     sweep_dir = Path(sweep_dir)
     plan = _read_json(sweep_dir / PLAN_FILE)
     if plan is None:
-        raise UserError(f"{sweep_dir} is not a sweep directory (no {PLAN_FILE}; expected the --out of `scone-jax sweep`)")
+        raise UserError(
+            f"{sweep_dir} is not a sweep directory (no {PLAN_FILE}; expected the --out of "
+            "`scone-jax sweep`)"
+        )
     rows = []
     for point in plan["points"]:
         run_dir = Path(point["run_dir"])
@@ -107,12 +148,20 @@ def _columns(rows: list[dict]) -> list[str]:
     extra = sorted({k for r in rows for k in r} - set(COLUMNS))
     results = [k for k in extra if k.startswith(("ppl_", "bpb_")) and k != "ppl_mean"]
     axes = [k for k in extra if k.startswith("axis:")]
-    return [*COLUMNS[:2], *axes, *COLUMNS[2:], *results, *(["ppl_mean"] if any("ppl_mean" in r for r in rows) else [])]
+    return [
+        *COLUMNS[:2],
+        *axes,
+        *COLUMNS[2:],
+        *results,
+        *(["ppl_mean"] if any("ppl_mean" in r for r in rows) else []),
+    ]
 
 
 def to_csv(rows: list[dict]) -> str:
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=_columns(rows), extrasaction="ignore", lineterminator="\n")
+    writer = csv.DictWriter(
+        out, fieldnames=_columns(rows), extrasaction="ignore", lineterminator="\n"
+    )
     writer.writeheader()
     writer.writerows(rows)
     return out.getvalue()
@@ -134,32 +183,64 @@ def _fmt(value, kind: str = "") -> str:
 
 def to_markdown(plan: dict, rows: list[dict], plots: list[str]) -> str:
     corpora = sorted({k[4:] for r in rows for k in r if k.startswith("ppl_") and k != "ppl_mean"})
-    header = ["point", "status", *[f"ppl {c}" for c in corpora], "ppl mean", "f-grams", "K", "f-gram model",
-              "accelerator params (non-emb.)", "inference MFLOPs/token", "table size", "coverage", "mean match",
-              "train FLOPs"]
-    lines = [f"# Sweep `{plan['name']}`", "",
-             f"{len(rows)} points ({sum(r['status'] == 'complete' for r in rows)} complete). Perplexity on each "
-             "held-out corpus and their geometric mean; accelerator parameters are those kept on the accelerator at "
-             "inference (the f-gram table lives in host RAM or on disk); the table size is for float32 rows; "
-             "coverage and mean match length are measured on the training text.", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    header = [
+        "point",
+        "status",
+        *[f"ppl {c}" for c in corpora],
+        "ppl mean",
+        "f-grams",
+        "K",
+        "f-gram model",
+        "accelerator params (non-emb.)",
+        "inference MFLOPs/token",
+        "table size",
+        "coverage",
+        "mean match",
+        "train FLOPs",
+    ]
+    lines = [
+        f"# Sweep `{plan['name']}`",
+        "",
+        f"{len(rows)} points ({sum(r['status'] == 'complete' for r in rows)} complete). Perplexity "
+        "on each held-out corpus and their geometric mean; accelerator parameters are those kept "
+        "on the accelerator at inference (the f-gram table lives in host RAM or on disk); the "
+        "table size is for float32 rows; coverage and mean match length are measured on the "
+        "training text.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
     for r in rows:
-        fgram_model = (f"{r.get('fgram_model_size')} ({r.get('fgram_model_layers')} layers, "
-                       f"{_fmt(r.get('fgram_model_params'), 'M')})" if r["scone"] else "")
-        cells = [r["point"], r["status"], *[_fmt(r.get(f"ppl_{c}")) for c in corpora], _fmt(r.get("ppl_mean")),
-                 _fmt(r.get("num_fgrams")), _fmt(r.get("max_n")), fgram_model,
-                 f"{_fmt(r.get('accelerator_params'), 'M')} ({_fmt(r.get('accelerator_params_non_embedding'), 'M')})",
-                 _fmt((r.get("inference_flops_per_token") or 0) / 1e6 or None),
-                 f"{r['table_bytes'] / 2**20:,.1f} MiB" if r.get("table_bytes") else "",
-                 _fmt(r.get("coverage"), "ratio"), _fmt(r.get("mean_match_length")),
-                 f"{r['train_flops']:.3g}" if r.get("train_flops") else ""]
+        fgram_model = (
+            f"{r.get('fgram_model_size')} ({r.get('fgram_model_layers')} layers, "
+            f"{_fmt(r.get('fgram_model_params'), 'M')})"
+            if r["scone"]
+            else ""
+        )
+        cells = [
+            r["point"],
+            r["status"],
+            *[_fmt(r.get(f"ppl_{c}")) for c in corpora],
+            _fmt(r.get("ppl_mean")),
+            _fmt(r.get("num_fgrams")),
+            _fmt(r.get("max_n")),
+            fgram_model,
+            f"{_fmt(r.get('accelerator_params'), 'M')} "
+            f"({_fmt(r.get('accelerator_params_non_embedding'), 'M')})",
+            _fmt((r.get("inference_flops_per_token") or 0) / 1e6 or None),
+            f"{r['table_bytes'] / 2**20:,.1f} MiB" if r.get("table_bytes") else "",
+            _fmt(r.get("coverage"), "ratio"),
+            _fmt(r.get("mean_match_length")),
+            f"{r['train_flops']:.3g}" if r.get("train_flops") else "",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [""] + [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
 
 
 def write_report(sweep_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write results.csv, results.md and the plots to `out` (default SWEEP_DIR/report), atomically."""
+    """Write results.csv, results.md and the plots to `out` (default SWEEP_DIR/report),
+    atomically."""
     from scone_jax.sweep.plots import draw_plots
 
     plan, rows = gather(sweep_dir)

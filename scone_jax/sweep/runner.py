@@ -24,7 +24,9 @@ LAUNCH_DIR = Path(__file__).resolve().parents[2] / "launch"
 LAUNCHERS = ("local", "slurm", "tpu", "k8s")
 
 
-def launcher_command(step: Step, launcher: str, sweep_name: str, launcher_args: list[str]) -> list[str]:
+def launcher_command(
+    step: Step, launcher: str, sweep_name: str, launcher_args: list[str]
+) -> list[str]:
     """The command that runs `step` with `launcher` (preparation steps always run here)."""
     if launcher == "local" or step.kind != "train":
         return ["scone-jax", *step.argv]
@@ -40,7 +42,10 @@ def launcher_command(step: Step, launcher: str, sweep_name: str, launcher_args: 
 
 
 def dry_run(plan: SweepPlan, launcher: str, launcher_args: list[str], print_fn=print) -> None:
-    print_fn(f"# sweep {plan.spec.name}: {len(plan.points)} points, {len(plan.steps)} commands, in {plan.sweep_dir}")
+    print_fn(
+        f"# sweep {plan.spec.name}: {len(plan.points)} points, {len(plan.steps)} commands, in "
+        f"{plan.sweep_dir}"
+    )
     for step in plan.steps:
         state = "done" if step.done else "todo"
         print_fn(f"# [{state}] {step.name}")
@@ -66,17 +71,23 @@ def _run_logged(command: list[str], log: Path) -> int:
 
 
 def _last_error(log: Path) -> str:
-    lines = [ln.strip() for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+    lines = [
+        ln.strip()
+        for ln in log.read_text(encoding="utf-8", errors="replace").splitlines()
+        if ln.strip()
+    ]
     errors = [ln for ln in lines if "error" in ln.lower()]
     return (errors or lines or ["(no output)"])[-1][:300]
 
 
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt  # SIGTERM too must stop the running step (it checkpoints), not orphan it
+    # SIGTERM too must stop the running step (it checkpoints), not orphan it
+    raise KeyboardInterrupt
 
 
-def run(plan: SweepPlan, launcher: str = "local", launcher_args: list[str] | None = None,
-        print_fn=print) -> dict[str, int]:
+def run(
+    plan: SweepPlan, launcher: str = "local", launcher_args: list[str] | None = None, print_fn=print
+) -> dict[str, int]:
     """Run every unfinished step in order; stops at the first failure with a one-line error."""
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -85,7 +96,9 @@ def run(plan: SweepPlan, launcher: str = "local", launcher_args: list[str] | Non
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run_steps(plan: SweepPlan, launcher: str, launcher_args: list[str], print_fn) -> dict[str, int]:
+def _run_steps(
+    plan: SweepPlan, launcher: str, launcher_args: list[str], print_fn
+) -> dict[str, int]:
     plan.write()
     logs = plan.sweep_dir / "logs"
     counts = {"skipped": 0, "ran": 0, "submitted": 0}
@@ -102,10 +115,15 @@ def _run_steps(plan: SweepPlan, launcher: str, launcher_args: list[str], print_f
         print_fn(f"{prefix}: running (log {logs / step.log_name})")
         code = _run_logged(command, logs / step.log_name)
         if code != 0:
-            raise UserError(f"sweep {plan.spec.name}: {step.name} failed with exit {code} "
-                            f"({_last_error(logs / step.log_name)}); see {logs / step.log_name}; "
-                            "rerun the sweep to resume")
+            raise UserError(
+                f"sweep {plan.spec.name}: {step.name} failed with exit {code} "
+                f"({_last_error(logs / step.log_name)}); see {logs / step.log_name}; "
+                "rerun the sweep to resume"
+            )
         submitted = launcher != "local" and step.kind == "train"
         counts["submitted" if submitted else "ran"] += 1
-        print_fn(f"{prefix}: {'submitted' if submitted else 'done'} in {time.perf_counter() - start:.0f} s")
+        print_fn(
+            f"{prefix}: {'submitted' if submitted else 'done'} in "
+            f"{time.perf_counter() - start:.0f} s"
+        )
     return counts

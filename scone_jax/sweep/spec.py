@@ -3,11 +3,13 @@
     name: cpu_num_fgrams
     config: ../tiny_scone.yaml          # a config path (relative to this file) or a preset name
     overrides: {train.steps: 500}        # applied to every point
-    eval_corpora:                        # extra held-out corpora, tokenized once with the sweep's tokenizer
+    eval_corpora:                        # extra held-out corpora, tokenized once with the
+                                         # sweep's tokenizer
       shakespeare: ${SCONE_SHARED_DATA:-../shared/data}/tinyshakespeare/input.txt
     points:                              # named points, e.g. the baselines
       baseline: {fgrams.enabled: false}
-    grid:                                # every combination becomes a point named key-value_key-value
+    grid:                                # every combination becomes a point named
+                                         # key-value_key-value
       fgrams.num_fgrams: [1000, 4000]
       fgrams.model_size: [0.5x, 1x]
 
@@ -59,7 +61,9 @@ def expand_vars(text: str, where: str) -> str:
         if name in os.environ:
             return os.environ[name]
         if default is None:
-            raise UserError(f"{where}: environment variable {name} is not set (or give ${{{name}:-default}})")
+            raise UserError(
+                f"{where}: environment variable {name} is not set (or give ${{{name}:-default}})"
+            )
         return default
 
     return _VAR.sub(substitute, text)
@@ -119,8 +123,10 @@ def load_sweep(path: str | os.PathLike) -> SweepSpec:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise UserError(f"sweep file {path} not found (expected a YAML file or a name in "
-                        f"{PRESET_DIR / 'sweeps'})") from None
+        raise UserError(
+            f"sweep file {path} not found (expected a YAML file or a name in "
+            f"{PRESET_DIR / 'sweeps'})"
+        ) from None
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read sweep file {path}: {e}") from None
     except yaml.YAMLError as e:
@@ -139,22 +145,38 @@ def load_sweep(path: str | os.PathLike) -> SweepSpec:
         raise UserError(f"{where}: missing 'config' (the base config path or preset name)")
     config = path.parent / str(data["config"])
     config = config if config.is_file() else resolve_preset(str(data["config"]))
-    eval_corpora = {str(k): str(v) for k, v in _mapping(data.get("eval_corpora"), f"{where}: eval_corpora").items()}
+    eval_corpora = {
+        str(k): str(v)
+        for k, v in _mapping(data.get("eval_corpora"), f"{where}: eval_corpora").items()
+    }
     for corpus_name in eval_corpora:
         if not _NAME.match(corpus_name) or corpus_name == "train":
-            raise UserError(f"{where}: eval corpus name {corpus_name!r} (expected letters, digits, '.', "
-                            "'_' or '-', and not 'train')")
-    points = [Point(name=str(n), overrides=_mapping(o, f"{where}: points.{n}"))
-              for n, o in _mapping(data.get("points"), f"{where}: points").items()]
+            raise UserError(
+                f"{where}: eval corpus name {corpus_name!r} (expected letters, digits, '.', "
+                "'_' or '-', and not 'train')"
+            )
+    points = [
+        Point(name=str(n), overrides=_mapping(o, f"{where}: points.{n}"))
+        for n, o in _mapping(data.get("points"), f"{where}: points").items()
+    ]
     points += _grid_points(_mapping(data.get("grid"), f"{where}: grid"), f"{where}: grid")
     if not points:
         raise UserError(f"{where}: no points (expected 'points', 'grid' or both)")
     seen: set[str] = set()
     for point in points:
         if not _NAME.match(point.name) or point.name in seen:
-            raise UserError(f"{where}: point name {point.name!r} is {'repeated' if point.name in seen else 'invalid'}"
-                            " (expected unique names of letters, digits, '.', '_' or '-')")
+            raise UserError(
+                f"{where}: point name {point.name!r} is "
+                f"{'repeated' if point.name in seen else 'invalid'} (expected unique names of "
+                "letters, digits, '.', '_' or '-')"
+            )
         seen.add(point.name)
-    return SweepSpec(name=name, path=path, config=config, description=str(data.get("description", "")),
-                     overrides=_mapping(data.get("overrides"), f"{where}: overrides"),
-                     eval_corpora=eval_corpora, points=points)
+    return SweepSpec(
+        name=name,
+        path=path,
+        config=config,
+        description=str(data.get("description", "")),
+        overrides=_mapping(data.get("overrides"), f"{where}: overrides"),
+        eval_corpora=eval_corpora,
+        points=points,
+    )

@@ -35,14 +35,27 @@ class FgramInputs:
 def train_split_corpus(dataset: TokenizedDataset, train_ids: np.ndarray) -> Corpus:
     """The training documents only: held-out text must not choose the f-grams."""
     lengths = dataset.doc_lengths[train_ids]
-    tokens = np.concatenate([dataset.doc(i) for i in train_ids]) if len(train_ids) else np.zeros(0, np.int64)
-    return Corpus.from_arrays(tokens, lengths, vocab_size=dataset.vocab_size,
-                              source=f"{dataset.path} (training split)",
-                              tokenizer_sha256=dataset.tokenizer_sha256)
+    tokens = (
+        np.concatenate([dataset.doc(i) for i in train_ids])
+        if len(train_ids)
+        else np.zeros(0, np.int64)
+    )
+    return Corpus.from_arrays(
+        tokens,
+        lengths,
+        vocab_size=dataset.vocab_size,
+        source=f"{dataset.path} (training split)",
+        tokenizer_sha256=dataset.tokenizer_sha256,
+    )
 
 
-def load_or_build_fgram_set(cfg: FgramConfig, dataset: TokenizedDataset, train_ids: np.ndarray,
-                            run_dir: str | Path, progress: bool = True) -> FgramSet:
+def load_or_build_fgram_set(
+    cfg: FgramConfig,
+    dataset: TokenizedDataset,
+    train_ids: np.ndarray,
+    run_dir: str | Path,
+    progress: bool = True,
+) -> FgramSet:
     """`fgrams.fgram_set` if given (checked against the tokenizer and K), else RUN_DIR/fgrams,
     counted on the training split on first use."""
     if cfg.fgram_set:
@@ -50,36 +63,74 @@ def load_or_build_fgram_set(cfg: FgramConfig, dataset: TokenizedDataset, train_i
     else:
         out = Path(run_dir) / "fgrams"
         if not (out / "meta.json").is_file():
-            build_fgram_set(train_split_corpus(dataset, train_ids), out, max_n=cfg.max_n,
-                            num_fgrams=cfg.num_fgrams, min_count=cfg.min_count, progress=progress)
+            build_fgram_set(
+                train_split_corpus(dataset, train_ids),
+                out,
+                max_n=cfg.max_n,
+                num_fgrams=cfg.num_fgrams,
+                min_count=cfg.min_count,
+                progress=progress,
+            )
         fgram_set = FgramSet.load(out)
     if fgram_set.max_n != cfg.max_n:
-        raise UserError(f"f-gram set {fgram_set.path} has K={fgram_set.max_n}, but fgrams.max_n={cfg.max_n}")
+        raise UserError(
+            f"f-gram set {fgram_set.path} has K={fgram_set.max_n}, but fgrams.max_n={cfg.max_n}"
+        )
     if fgram_set.tokenizer_sha256 and fgram_set.tokenizer_sha256 != dataset.tokenizer_sha256:
-        raise UserError(f"f-gram set {fgram_set.path} was built with tokenizer {fgram_set.tokenizer_sha256[:12]}, "
-                        f"but the dataset uses {dataset.tokenizer_sha256[:12]}")
+        raise UserError(
+            f"f-gram set {fgram_set.path} was built with tokenizer "
+            f"{fgram_set.tokenizer_sha256[:12]}, but the dataset uses "
+            f"{dataset.tokenizer_sha256[:12]}"
+        )
     return fgram_set
 
 
 PERMUTE_ROWS_SEED = 20250203  # the fixed permutation of the fgrams.permute_rows control
 
 
-def prepare_fgram_inputs(cfg: FgramConfig, dataset: TokenizedDataset, train_ids: np.ndarray,
-                         run_dir: str | Path, positions_per_host: int, groups: int,
-                         progress: bool = True, process_index: int = 0, process_count: int = 1,
-                         barrier=None) -> FgramInputs:
+def prepare_fgram_inputs(
+    cfg: FgramConfig,
+    dataset: TokenizedDataset,
+    train_ids: np.ndarray,
+    run_dir: str | Path,
+    positions_per_host: int,
+    groups: int,
+    progress: bool = True,
+    process_index: int = 0,
+    process_count: int = 1,
+    barrier=None,
+) -> FgramInputs:
     """The run's f-gram set, the dataset's tags (each of `process_count` processes tagging its
     share, see `tags_for_dataset`), and a batcher with `groups` node buffers (the host's data
     shards) that grow in steps of about 1/32 of a group's positions."""
     fgram_set = load_or_build_fgram_set(cfg, dataset, train_ids, run_dir, progress)
-    ids, lengths = tags_for_dataset(dataset, fgram_set, progress=progress, process_index=process_index,
-                                    process_count=process_count, barrier=barrier)
+    ids, lengths = tags_for_dataset(
+        dataset,
+        fgram_set,
+        progress=progress,
+        process_index=process_index,
+        process_count=process_count,
+        barrier=barrier,
+    )
     granule = max(positions_per_host // (32 * groups * cfg.block_size), 1)
     fgram_tokens, fgram_lengths = fgram_set.tokens, fgram_set.lengths
-    if cfg.permute_rows:  # the control: f-gram w is embedded as the f-gram a fixed permutation gives it
+    if (
+        cfg.permute_rows
+    ):  # the control: f-gram w is embedded as the f-gram a fixed permutation gives it
         order = np.random.default_rng(PERMUTE_ROWS_SEED).permutation(len(fgram_lengths))
-        fgram_tokens, fgram_lengths = np.asarray(fgram_tokens)[order], np.asarray(fgram_lengths)[order]
-    batcher = FgramBatcher(ids, lengths, fgram_tokens, fgram_lengths, block=cfg.block_size,
-                           granule=granule, dedup=cfg.dedup, groups=groups,
-                           capacity=round_up(-(-cfg.capacity // cfg.block_size), granule))
+        fgram_tokens, fgram_lengths = (
+            np.asarray(fgram_tokens)[order],
+            np.asarray(fgram_lengths)[order],
+        )
+    batcher = FgramBatcher(
+        ids,
+        lengths,
+        fgram_tokens,
+        fgram_lengths,
+        block=cfg.block_size,
+        granule=granule,
+        dedup=cfg.dedup,
+        groups=groups,
+        capacity=round_up(-(-cfg.capacity // cfg.block_size), granule),
+    )
     return FgramInputs(fgram_set=fgram_set, batcher=batcher)

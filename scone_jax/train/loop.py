@@ -44,7 +44,9 @@ class TrainingDiverged(UserError):
 def stop_on_signals(signals=(signal.SIGTERM, signal.SIGINT)):
     """Turn SIGTERM/SIGINT into a flag checked between steps, so the loop can save first."""
     received: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, _frame: received.append(signum)) for s in signals}
+    previous = {
+        s: signal.signal(s, lambda signum, _frame: received.append(signum)) for s in signals
+    }
     try:
         yield received
     finally:
@@ -77,7 +79,12 @@ def train(cfg: Config) -> dict:
         save_run_config(cfg)
         atomic_write_json(run_dir / RUN_INFO_FILE, session.run_info())
     total = cfg.train.steps
-    ckpt = Checkpointer(checkpoints_dir(run_dir), cfg.checkpoint.every, cfg.checkpoint.keep, cfg.checkpoint.async_save)
+    ckpt = Checkpointer(
+        checkpoints_dir(run_dir),
+        cfg.checkpoint.every,
+        cfg.checkpoint.keep,
+        cfg.checkpoint.async_save,
+    )
     writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard, print_fn=tqdm.write)
     setup = session.setup
     state = ckpt.restore_newest_intact(setup.abstract_state, setup.shardings)
@@ -86,35 +93,59 @@ def train(cfg: Config) -> dict:
     else:
         start = int(jax.device_get(state["step"]))
     writer.truncate_after(start)
-    summary = {"run_dir": str(run_dir), "start_step": start, "steps": total,
-               "params": session.flops.params_total, "params_non_embedding": session.flops.params_non_embedding}
+    summary = {
+        "run_dir": str(run_dir),
+        "start_step": start,
+        "steps": total,
+        "params": session.flops.params_total,
+        "params_non_embedding": session.flops.params_non_embedding,
+    }
     if is_main:
-        print(f"run {run_dir}: {session.flops.params_total:,} parameters "
-              f"({session.flops.params_non_embedding:,} non-embedding), mesh {dict(session.mesh.shape)}, "
-              f"{session.dataset.num_tokens:,} tokens, "
-              + (f"resuming at step {start}" if start else "starting from scratch"), flush=True)
+        print(
+            f"run {run_dir}: {session.flops.params_total:,} parameters "
+            f"({session.flops.params_non_embedding:,} non-embedding), mesh "
+            f"{dict(session.mesh.shape)}, {session.dataset.num_tokens:,} tokens, "
+            + (f"resuming at step {start}" if start else "starting from scratch"),
+            flush=True,
+        )
     if start >= total:
-        if not (run_dir / FINAL_EVAL_FILE).is_file():  # stopped between the last save and the final eval
+        if not (
+            run_dir / FINAL_EVAL_FILE
+        ).is_file():  # stopped between the last save and the final eval
             summary["eval"] = evaluate(session, session.eval_step(), state["params"])
             if is_main:
-                atomic_write_json(run_dir / FINAL_EVAL_FILE, {"step": start, "results": summary["eval"]})
+                atomic_write_json(
+                    run_dir / FINAL_EVAL_FILE, {"step": start, "results": summary["eval"]}
+                )
         ckpt.close()
         writer.close()
         summary["status"] = "already complete"
         if is_main:
-            print(f"run {run_dir} is already complete ({total} steps); final evaluation in "
-                  f"{run_dir / FINAL_EVAL_FILE}", flush=True)
+            print(
+                f"run {run_dir} is already complete ({total} steps); final evaluation in "
+                f"{run_dir / FINAL_EVAL_FILE}",
+                flush=True,
+            )
         return summary
 
     train_step, eval_step = session.train_step(), session.eval_step()
     tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
     peak = peak_flops()
     overflows = 0
-    bar = tqdm(total=total, initial=start, desc="train", unit="step", file=sys.stderr,
-               disable=not (cfg.logging.progress and is_main), dynamic_ncols=True)
+    bar = tqdm(
+        total=total,
+        initial=start,
+        desc="train",
+        unit="step",
+        file=sys.stderr,
+        disable=not (cfg.logging.progress and is_main),
+        dynamic_ncols=True,
+    )
     batches = session.train_stream.iterate(start)
     step, stopped_by = start, None
-    logged = start  # the last step whose state is sound and whose records are all written: safe to save
+    logged = (
+        start  # the last step whose state is sound and whose records are all written: safe to save
+    )
     window_start, window_steps, window_flops = time.perf_counter(), 0, 0.0
     clean = False
     try:
@@ -136,18 +167,25 @@ def train(cfg: Config) -> dict:
                 if not math.isfinite(metrics["loss"]):
                     raise TrainingDiverged(
                         f"loss is {metrics['loss']} at step {step} (lr={metrics['lr']:.3g}, "
-                        f"grad_norm={metrics['grad_norm']:.3g}); last checkpoint: step {ckpt.latest_step()}")
+                        f"grad_norm={metrics['grad_norm']:.3g}); last checkpoint: step "
+                        f"{ckpt.latest_step()}"
+                    )
                 log_now = step % cfg.train.log_every == 0 or step == total
                 if log_now and window_steps:
                     elapsed = time.perf_counter() - window_start
                     step_time = elapsed / window_steps
                     achieved = window_flops / elapsed / len(jax.devices())
-                    metrics.update(step_time_s=step_time, tokens_per_s=tokens_per_step / step_time,
-                                   tflops_per_device=achieved / 1e12)
+                    metrics.update(
+                        step_time_s=step_time,
+                        tokens_per_s=tokens_per_step / step_time,
+                        tflops_per_device=achieved / 1e12,
+                    )
                     if peak:
                         metrics["mfu"] = achieved / peak
                     window_start, window_steps, window_flops = time.perf_counter(), 0, 0.0
-                    bar.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
+                    bar.set_postfix(
+                        loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}"
+                    )
                 writer.write(step, metrics, echo=log_now)
                 summary["final_loss"] = metrics["loss"]
                 bar.update(1)
@@ -174,11 +212,19 @@ def train(cfg: Config) -> dict:
             writer.close()
     summary["end_step"] = step
     summary["status"] = f"stopped by {stopped_by}" if stopped_by else "complete"
-    if step == total and is_main:  # only once the last checkpoint is committed: it marks a finished run
-        atomic_write_json(run_dir / FINAL_EVAL_FILE, {"step": step, "results": summary.get("eval", {})})
+    if (
+        step == total and is_main
+    ):  # only once the last checkpoint is committed: it marks a finished run
+        atomic_write_json(
+            run_dir / FINAL_EVAL_FILE, {"step": step, "results": summary.get("eval", {})}
+        )
     if is_main:
-        msg = (f"{stopped_by}: saved step {step} to {checkpoints_dir(run_dir)}; rerun the same command to resume"
-               if stopped_by else f"done: {step} steps; checkpoints in {checkpoints_dir(run_dir)}, "
-               f"metrics in {run_dir / 'metrics.jsonl'}")
+        msg = (
+            f"{stopped_by}: saved step {step} to {checkpoints_dir(run_dir)}; rerun the same "
+            "command to resume"
+            if stopped_by
+            else f"done: {step} steps; checkpoints in {checkpoints_dir(run_dir)}, "
+            f"metrics in {run_dir / 'metrics.jsonl'}"
+        )
         print(msg, flush=True)
     return summary

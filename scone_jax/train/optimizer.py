@@ -24,11 +24,21 @@ def decay_mask(params):
     return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
-def make_optimizer(cfg: OptimConfig, total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(
+    cfg: OptimConfig, total_steps: int
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
     schedule = lr_schedule(cfg, total_steps)
     chain = []
     if cfg.grad_clip > 0:
         chain.append(optax.clip_by_global_norm(cfg.grad_clip))
-    chain.append(optax.adamw(schedule, b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps,
-                             weight_decay=cfg.weight_decay, mask=decay_mask))
+    chain.append(
+        optax.adamw(
+            schedule,
+            b1=cfg.beta1,
+            b2=cfg.beta2,
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+            mask=decay_mask,
+        )
+    )
     return optax.chain(*chain), schedule

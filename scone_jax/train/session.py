@@ -68,18 +68,29 @@ class Session:
 
             have = np.array([forest.nodes.shape[1], forest.outputs.shape[1]], np.int64)
             blocks, outputs = np.max(multihost_utils.process_allgather(have), axis=0).tolist()
-            local_batch = {**local_batch, "forest": forest.padded(blocks, outputs).on_global_outputs(jax.process_index())}
+            local_batch = {
+                **local_batch,
+                "forest": forest.padded(blocks, outputs).on_global_outputs(jax.process_index()),
+            }
         arrays = device_arrays(local_batch)
-        return {k: jax.make_array_from_process_local_data(sh, np.asarray(arrays[k]))
-                for k, sh in self.batch_sharding.items()}
+        return {
+            k: jax.make_array_from_process_local_data(sh, np.asarray(arrays[k]))
+            for k, sh in self.batch_sharding.items()
+        }
 
     def run_info(self) -> dict:
-        info = {"vocab_size": self.vocab_size, "dataset": str(Path(self.dataset.path).absolute()),
-                "tokenizer_sha256": self.dataset.tokenizer_sha256,
-                "params": self.flops.params_total, "params_non_embedding": self.flops.params_non_embedding}
+        info = {
+            "vocab_size": self.vocab_size,
+            "dataset": str(Path(self.dataset.path).absolute()),
+            "tokenizer_sha256": self.dataset.tokenizer_sha256,
+            "params": self.flops.params_total,
+            "params_non_embedding": self.flops.params_non_embedding,
+        }
         if self.fgrams is not None:
-            info.update(fgram_set=str(Path(self.fgrams.fgram_set.path).absolute()),
-                        fgram_set_fingerprint=self.fgrams.fgram_set.fingerprint)
+            info.update(
+                fgram_set=str(Path(self.fgrams.fgram_set.path).absolute()),
+                fgram_set_fingerprint=self.fgrams.fgram_set.fingerprint,
+            )
         return info
 
     def flops_per_step(self, batch: dict | None = None) -> float:
@@ -88,61 +99,113 @@ class Session:
         tokens = self.cfg.train.batch_size * self.cfg.data.seq_len
         flops = self.flops.train_per_token * tokens
         if self.fgrams is not None and batch is not None:
-            flops += 3 * fgram_forest_forward(self.cfg.fgrams, self.cfg.model, batch["fgram_nodes"].size,
-                                              batch["fgram_outputs"].size)
+            flops += 3 * fgram_forest_forward(
+                self.cfg.fgrams,
+                self.cfg.model,
+                batch["fgram_nodes"].size,
+                batch["fgram_outputs"].size,
+            )
         return flops
 
     def train_step(self):
-        return make_train_step(self.setup.handle, self.tx, self.schedule, self.mesh, self.rules,
-                               self.setup.shardings, self.batch_sharding)
+        return make_train_step(
+            self.setup.handle,
+            self.tx,
+            self.schedule,
+            self.mesh,
+            self.rules,
+            self.setup.shardings,
+            self.batch_sharding,
+        )
 
     def eval_step(self):
-        return make_eval_step(self.setup.handle, self.mesh, self.rules, self.setup.shardings["params"],
-                              self.batch_sharding)
+        return make_eval_step(
+            self.setup.handle,
+            self.mesh,
+            self.rules,
+            self.setup.shardings["params"],
+            self.batch_sharding,
+        )
 
 
-def _named_eval_sets(cfg: Config, dataset: TokenizedDataset, eval_ids: np.ndarray, batch: int,
-                     extra: list[str], fgrams: FgramInputs | None) -> dict[str, list]:
+def _named_eval_sets(
+    cfg: Config,
+    dataset: TokenizedDataset,
+    eval_ids: np.ndarray,
+    batch: int,
+    extra: list[str],
+    fgrams: FgramInputs | None,
+) -> dict[str, list]:
     pid, nproc = jax.process_index(), jax.process_count()
     sets = {}
     if len(eval_ids):
-        sets["heldout"] = eval_batches(WindowSource(dataset, eval_ids, cfg.data.seq_len), batch,
-                                       cfg.train.eval_batches, pid, nproc,
-                                       transform=fgrams.batcher if fgrams else None)
+        sets["heldout"] = eval_batches(
+            WindowSource(dataset, eval_ids, cfg.data.seq_len),
+            batch,
+            cfg.train.eval_batches,
+            pid,
+            nproc,
+            transform=fgrams.batcher if fgrams else None,
+        )
     for path in extra:
         other = TokenizedDataset.open(path)
         if other.tokenizer_sha256 != dataset.tokenizer_sha256:
-            raise UserError(f"eval dataset {path} was tokenized with tokenizer {other.tokenizer_sha256[:12]}, "
-                            f"but the run uses {dataset.tokenizer_sha256[:12]}")
+            raise UserError(
+                f"eval dataset {path} was tokenized with tokenizer {other.tokenizer_sha256[:12]}, "
+                f"but the run uses {dataset.tokenizer_sha256[:12]}"
+            )
         source = WindowSource(other, np.arange(other.num_docs), cfg.data.seq_len)
-        eval_batch_count(source, batch, cfg.train.eval_batches, f"eval dataset {path}")  # before tagging it
-        transform = fgrams.batcher_for(other, progress=cfg.logging.progress and pid == 0) if fgrams else None
-        sets[Path(path).name] = eval_batches(source, batch, cfg.train.eval_batches, pid, nproc, transform=transform,
-                                             name=f"eval dataset {path}")
+        eval_batch_count(
+            source, batch, cfg.train.eval_batches, f"eval dataset {path}"
+        )  # before tagging it
+        transform = (
+            fgrams.batcher_for(other, progress=cfg.logging.progress and pid == 0)
+            if fgrams
+            else None
+        )
+        sets[Path(path).name] = eval_batches(
+            source,
+            batch,
+            cfg.train.eval_batches,
+            pid,
+            nproc,
+            transform=transform,
+            name=f"eval dataset {path}",
+        )
     return sets
 
 
 def _prepare_dataset(cfg: Config, run_dir: Path) -> TokenizedDataset:
-    """Process 0 tokenizes (when the run has no dataset yet); the others wait for it, then open it."""
+    """Process 0 tokenizes (when the run has no dataset yet); the others wait for it, then open
+    it."""
     if jax.process_count() == 1:
         return prepare_dataset(cfg.data, run_dir, progress=cfg.logging.progress)
-    barrier("run-dir-checked")  # no process checks the run dir after process 0 starts writing into it
+    barrier(
+        "run-dir-checked"
+    )  # no process checks the run dir after process 0 starts writing into it
     if jax.process_index() == 0:
         dataset = prepare_dataset(cfg.data, run_dir, progress=cfg.logging.progress)
     barrier("dataset-ready")
-    return dataset if jax.process_index() == 0 else prepare_dataset(cfg.data, run_dir, progress=False)
+    return (
+        dataset if jax.process_index() == 0 else prepare_dataset(cfg.data, run_dir, progress=False)
+    )
 
 
 def open_session(cfg: Config, run_dir: Path, extra_eval: list[str] | None = None) -> Session:
     dataset = _prepare_dataset(cfg, run_dir)
     vocab = cfg.model.vocab_size or dataset.vocab_size
     if vocab < dataset.vocab_size:
-        raise UserError(f"model.vocab_size={vocab} is smaller than the dataset's vocabulary ({dataset.vocab_size})")
+        raise UserError(
+            f"model.vocab_size={vocab} is smaller than the dataset's vocabulary "
+            f"({dataset.vocab_size})"
+        )
     mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     data_parallel = mesh.shape["data"] * mesh.shape["fsdp"]
     if cfg.train.batch_size % data_parallel:
-        raise UserError(f"train.batch_size={cfg.train.batch_size} is not divisible by the data-parallel "
-                        f"mesh size data*fsdp={data_parallel}")
+        raise UserError(
+            f"train.batch_size={cfg.train.batch_size} is not divisible by the data-parallel "
+            f"mesh size data*fsdp={data_parallel}"
+        )
     rules = make_rules(cfg.mesh.rules)
     tx, schedule = make_optimizer(cfg.optim, cfg.train.steps)
     setup = setup_train_state(build_model_fn(cfg, vocab), tx, cfg.train.seed, mesh, rules)
@@ -154,35 +217,76 @@ def open_session(cfg: Config, run_dir: Path, extra_eval: list[str] | None = None
             load_or_build_fgram_set(cfg.fgrams, dataset, train_ids, run_dir, cfg.logging.progress)
         barrier("fgram-set-ready")
         fgrams = prepare_fgram_inputs(  # every process tags its share of the dataset
-            cfg.fgrams, dataset, train_ids, run_dir,
+            cfg.fgrams,
+            dataset,
+            train_ids,
+            run_dir,
             positions_per_host=cfg.train.batch_size // jax.process_count() * cfg.data.seq_len,
-            groups=max(fgram_groups(mesh, rules) // jax.process_count(), 1), progress=cfg.logging.progress and main_process,
-            process_index=jax.process_index(), process_count=jax.process_count(), barrier=barrier)
-    stream = BatchStream(WindowSource(dataset, train_ids, cfg.data.seq_len), cfg.train.batch_size,
-                         seed=cfg.train.seed, process_index=jax.process_index(),
-                         process_count=jax.process_count(), transform=fgrams.batcher if fgrams else None)
+            groups=max(fgram_groups(mesh, rules) // jax.process_count(), 1),
+            progress=cfg.logging.progress and main_process,
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+            barrier=barrier,
+        )
+    stream = BatchStream(
+        WindowSource(dataset, train_ids, cfg.data.seq_len),
+        cfg.train.batch_size,
+        seed=cfg.train.seed,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        transform=fgrams.batcher if fgrams else None,
+    )
     if fgrams is not None:
         # deterministic: the first batches of the run, whatever step a resume starts at
         fgrams.batcher.calibrate(stream.raw_batch(k) for k in range(CALIBRATION_BATCHES))
-    eval_sets = _named_eval_sets(cfg, dataset, eval_ids, cfg.train.batch_size,
-                                 list(cfg.data.eval_datasets) + list(extra_eval or []), fgrams)
-    return Session(cfg=cfg, run_dir=run_dir, dataset=dataset, vocab_size=vocab, mesh=mesh, rules=rules,
-                   setup=setup, batch_sharding=batch_shardings(mesh, rules, cfg.train.batch_size, cfg.data.seq_len,
-                                                               cfg.fgrams.max_n if cfg.fgrams.enabled else None),
-                   train_stream=stream, eval_sets=eval_sets,
-                   flops=model_flops(cfg.model, vocab, cfg.data.seq_len), schedule=schedule, tx=tx,
-                   fgrams=fgrams)
+    eval_sets = _named_eval_sets(
+        cfg,
+        dataset,
+        eval_ids,
+        cfg.train.batch_size,
+        list(cfg.data.eval_datasets) + list(extra_eval or []),
+        fgrams,
+    )
+    return Session(
+        cfg=cfg,
+        run_dir=run_dir,
+        dataset=dataset,
+        vocab_size=vocab,
+        mesh=mesh,
+        rules=rules,
+        setup=setup,
+        batch_sharding=batch_shardings(
+            mesh,
+            rules,
+            cfg.train.batch_size,
+            cfg.data.seq_len,
+            cfg.fgrams.max_n if cfg.fgrams.enabled else None,
+        ),
+        train_stream=stream,
+        eval_sets=eval_sets,
+        flops=model_flops(cfg.model, vocab, cfg.data.seq_len),
+        schedule=schedule,
+        tx=tx,
+        fgrams=fgrams,
+    )
 
 
 def evaluate(session: Session, eval_step, params) -> dict[str, dict[str, float]]:
     """Perplexity and bits per byte on every named eval set."""
-    token_bytes = jax.numpy.asarray(np.pad(session.dataset.token_bytes,
-                                           (0, session.vocab_size - len(session.dataset.token_bytes))))
+    token_bytes = jax.numpy.asarray(
+        np.pad(
+            session.dataset.token_bytes, (0, session.vocab_size - len(session.dataset.token_bytes))
+        )
+    )
     results = {}
     for name, batches in session.eval_sets.items():
         nats = tokens = nbytes = 0.0
         for batch in batches:
             out = jax.device_get(eval_step(params, session.to_global(batch), token_bytes))
-            nats, tokens, nbytes = nats + float(out["nats"]), tokens + float(out["tokens"]), nbytes + float(out["bytes"])
+            nats, tokens, nbytes = (
+                nats + float(out["nats"]),
+                tokens + float(out["tokens"]),
+                nbytes + float(out["bytes"]),
+            )
         results[name] = eval_result(nats, tokens, nbytes)
     return results

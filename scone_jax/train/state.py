@@ -32,8 +32,13 @@ class TrainSetup:
     create: Callable[[], Any]  # jitted, returns the freshly initialised, sharded state
 
 
-def setup_train_state(build_model: Callable[[nnx.Rngs], nnx.Module], tx: optax.GradientTransformation,
-                      seed: int, mesh: Mesh, rules: Mapping[str, MeshAxes]) -> TrainSetup:
+def setup_train_state(
+    build_model: Callable[[nnx.Rngs], nnx.Module],
+    tx: optax.GradientTransformation,
+    seed: int,
+    mesh: Mesh,
+    rules: Mapping[str, MeshAxes],
+) -> TrainSetup:
     """Shapes and shardings of {params, opt_state, step}; `create()` initialises inside jit
     with out_shardings, so every array is born sharded (no host copy of the full model)."""
     handle, _ = split_model(build_model, seed)
@@ -45,5 +50,9 @@ def setup_train_state(build_model: Callable[[nnx.Rngs], nnx.Module], tx: optax.G
 
     abstract_state = jax.eval_shape(init)
     shardings = state_shardings(abstract_state, handle.logical_axes, mesh, rules)
-    return TrainSetup(handle=handle, abstract_state=abstract_state, shardings=shardings,
-                      create=jax.jit(init, out_shardings=shardings))
+    return TrainSetup(
+        handle=handle,
+        abstract_state=abstract_state,
+        shardings=shardings,
+        create=jax.jit(init, out_shardings=shardings),
+    )

@@ -19,7 +19,8 @@ from scone_jax.train.state import ModelHandle
 
 
 def device_arrays(batch) -> dict:
-    """A host batch's arrays that go to the device, by batch-sharding key (host-only fields left out)."""
+    """A host batch's arrays that go to the device, by batch-sharding key (host-only fields left
+    out)."""
     out = {"inputs": batch["inputs"], "targets": batch["targets"]}
     if "forest" in batch:
         out.update(batch["forest"].arrays())
@@ -43,17 +44,28 @@ def fgram_metrics(params, grads) -> dict:
     much of F the backbone takes in), so a log shows which path a step moves."""
     if "fgram" not in grads:
         return {}
-    out = {"grad_norm_fgram": optax.tree.norm(grads["fgram"]), "grad_norm_backbone": optax.tree.norm(grads["backbone"])}
+    out = {
+        "grad_norm_fgram": optax.tree.norm(grads["fgram"]),
+        "grad_norm_backbone": optax.tree.norm(grads["backbone"]),
+    }
     if "output_gate" in params["fgram"]:
         gate = params["fgram"]["output_gate"]
         out["fgram_gate_rms"] = jnp.sqrt(jnp.mean(jnp.square(getattr(gate, "value", gate))))
     return out
 
 
-def make_train_step(handle: ModelHandle, tx: optax.GradientTransformation, schedule,
-                    mesh: Mesh, rules: Mapping[str, MeshAxes], state_shardings, batch_sharding):
+def make_train_step(
+    handle: ModelHandle,
+    tx: optax.GradientTransformation,
+    schedule,
+    mesh: Mesh,
+    rules: Mapping[str, MeshAxes],
+    state_shardings,
+    batch_sharding,
+):
     def step_fn(state, batch):
         with activation_sharding(mesh, rules):
+
             def loss_fn(params):
                 return jnp.mean(token_losses(handle, params, batch))
 
@@ -68,12 +80,17 @@ def make_train_step(handle: ModelHandle, tx: optax.GradientTransformation, sched
         }
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
 
-    return jax.jit(step_fn, in_shardings=(state_shardings, batch_sharding),
-                   out_shardings=(state_shardings, None), donate_argnums=(0,))
+    return jax.jit(
+        step_fn,
+        in_shardings=(state_shardings, batch_sharding),
+        out_shardings=(state_shardings, None),
+        donate_argnums=(0,),
+    )
 
 
-def make_eval_step(handle: ModelHandle, mesh: Mesh, rules: Mapping[str, MeshAxes], param_shardings,
-                   batch_sharding):
+def make_eval_step(
+    handle: ModelHandle, mesh: Mesh, rules: Mapping[str, MeshAxes], param_shardings, batch_sharding
+):
     """Summed loss (nats), token count and predicted-target bytes for one batch."""
 
     def eval_fn(params, batch, token_bytes):

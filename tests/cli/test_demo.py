@@ -10,8 +10,16 @@ from scone_jax.serve.engine import engine_from_export, engine_from_run
 from scone_jax.serve.generate import generate
 from tests.train.helpers import cli_run
 
-TINY = ["data.max_default_corpus_mb=0.5", "data.tokenizer_vocab_size=512", "train.steps=4", "train.eval_every=2",
-        "train.eval_batches=2", "checkpoint.every=2", "logging.progress=false", "logging.tensorboard=false"]
+TINY = [
+    "data.max_default_corpus_mb=0.5",
+    "data.tokenizer_vocab_size=512",
+    "train.steps=4",
+    "train.eval_every=2",
+    "train.eval_batches=2",
+    "checkpoint.every=2",
+    "logging.progress=false",
+    "logging.tensorboard=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -25,11 +33,23 @@ def demo(tmp_path_factory):
 def test_demo_trains_exports_evaluates_and_samples(demo):
     out, stdout = demo
     assert "scone-jax demo finished. Outputs:" in stdout
-    for name in ("run/config.yaml", "run/dataset/tokenizer.model", "run/fgrams/meta.json", "run/checkpoints/4",
-                 "run/final_eval.json", "table/meta.json", "backbone/params.npz", "backbone/tokenizer.model"):
+    for name in (
+        "run/config.yaml",
+        "run/dataset/tokenizer.model",
+        "run/fgrams/meta.json",
+        "run/checkpoints/4",
+        "run/final_eval.json",
+        "table/meta.json",
+        "backbone/params.npz",
+        "backbone/tokenizer.model",
+    ):
         assert (out / name).exists(), name
-    live, table = map(float, re.search(r"live f-gram model ([\d.]+), exported table ([\d.]+)", stdout).groups())
-    assert 1 < live < 512 and abs(table - live) / live < 1e-3  # the float32 table scores like the live model
+    live, table = map(
+        float, re.search(r"live f-gram model ([\d.]+), exported table ([\d.]+)", stdout).groups()
+    )
+    assert (
+        1 < live < 512 and abs(table - live) / live < 1e-3
+    )  # the float32 table scores like the live model
     assert re.search(r"sample: 'Return the' -> '.+'", stdout)
 
 
@@ -38,13 +58,28 @@ def test_generate_prints_what_the_engine_decodes(demo, source):
     out, _ = demo
     prompts = ["Return the", "The"]
     model = [str(out / "run")] if source == "run_dir" else ["--backbone", str(out / "backbone")]
-    res = cli_run(["generate", *model, "--table", str(out / "table"), "--max-new-tokens", "8",
-                   *[a for p in prompts for a in ("--prompt", p)]])
+    res = cli_run(
+        [
+            "generate",
+            *model,
+            "--table",
+            str(out / "table"),
+            "--max-new-tokens",
+            "8",
+            *[a for p in prompts for a in ("--prompt", p)],
+        ]
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     tokenizer = Tokenizer.load(out / "run" / "dataset" / "tokenizer.model")
-    engine = (engine_from_run(out / "run", str(out / "table")) if source == "run_dir"
-              else engine_from_export(out / "backbone", str(out / "table")))
+    engine = (
+        engine_from_run(out / "run", str(out / "table"))
+        if source == "run_dir"
+        else engine_from_export(out / "backbone", str(out / "table"))
+    )
     new = generate(engine, [tokenizer.encode(p) for p in prompts], 8, eos_id=tokenizer.eos_id)
-    want = [p + tokenizer.decode([t for t in row if t != tokenizer.eos_id]) for p, row in zip(prompts, new)]
+    want = [
+        p + tokenizer.decode([t for t in row if t != tokenizer.eos_id])
+        for p, row in zip(prompts, new)
+    ]
     assert res.stdout == "".join(text + "\n" for text in want)  # each prompt and its continuation
     assert any(len(text) > len(p) for text, p in zip(want, prompts))  # something was generated

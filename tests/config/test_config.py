@@ -6,7 +6,9 @@ from scone_jax.config import load_config, parse_overrides, save_config
 from scone_jax.config.load import PRESET_DIR
 from scone_jax.errors import UserError
 
-SHIPPED = sorted(p for p in PRESET_DIR.rglob("*.yaml") if not {"results", "sweeps"} & set(p.parts))  # sweeps: tests/sweep
+SHIPPED = sorted(
+    p for p in PRESET_DIR.rglob("*.yaml") if not {"results", "sweeps"} & set(p.parts)
+)  # sweeps: tests/sweep
 
 
 def test_presets_exist():
@@ -20,8 +22,17 @@ def test_every_shipped_config_loads_and_validates(path):
 
 
 def test_overrides_typed_and_nested():
-    cfg = load_config("tiny", ["train.steps=7", "optim.lr=1", "data.corpus=[a.txt, 'b/*.txt']",
-                               "model.family=llama", "mesh.rules={mlp: null}", "logging.tensorboard=false"])
+    cfg = load_config(
+        "tiny",
+        [
+            "train.steps=7",
+            "optim.lr=1",
+            "data.corpus=[a.txt, 'b/*.txt']",
+            "model.family=llama",
+            "mesh.rules={mlp: null}",
+            "logging.tensorboard=false",
+        ],
+    )
     assert cfg.train.steps == 7 and isinstance(cfg.optim.lr, float) and cfg.optim.lr == 1.0
     assert cfg.data.corpus == ["a.txt", "b/*.txt"] and cfg.model.family == "llama"
     assert cfg.mesh.rules == {"mlp": None} and cfg.logging.tensorboard is False
@@ -38,19 +49,25 @@ def test_single_string_becomes_list():
     assert load_config(None, ["data.corpus=x.txt"]).data.corpus == ["x.txt"]
 
 
-@pytest.mark.parametrize("overrides, needle", [
-    (["train.stepz=3"], "unknown config key 'train.stepz'"),
-    (["nosuch.key=3"], "unknown config key 'nosuch'"),
-    (["train.steps=three"], "train.steps='three'"),
-    (["train.steps=1.5"], "train.steps=1.5"),
-    (["logging.tensorboard=3"], "logging.tensorboard=3"),
-    (["model.family=gpt5"], "model.family='gpt5'"),
-    (["model.d_model=130", "model.n_heads=4"], "not divisible"),
-    (["mesh.data=-1", "mesh.tensor=-1"], "at most one axis may be -1"),
-    (["train.steps"], "key=value"),
-    (["data.seq_len=4096"], "exceeds model.max_seq_len"),
-    (["fgrams.max_n=5", "fgrams.block_size=4"], "fgrams.block_size=4 (expected >= fgrams.max_n=5)"),
-])
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["train.stepz=3"], "unknown config key 'train.stepz'"),
+        (["nosuch.key=3"], "unknown config key 'nosuch'"),
+        (["train.steps=three"], "train.steps='three'"),
+        (["train.steps=1.5"], "train.steps=1.5"),
+        (["logging.tensorboard=3"], "logging.tensorboard=3"),
+        (["model.family=gpt5"], "model.family='gpt5'"),
+        (["model.d_model=130", "model.n_heads=4"], "not divisible"),
+        (["mesh.data=-1", "mesh.tensor=-1"], "at most one axis may be -1"),
+        (["train.steps"], "key=value"),
+        (["data.seq_len=4096"], "exceeds model.max_seq_len"),
+        (
+            ["fgrams.max_n=5", "fgrams.block_size=4"],
+            "fgrams.block_size=4 (expected >= fgrams.max_n=5)",
+        ),
+    ],
+)
 def test_bad_values_are_one_line_user_errors(overrides, needle):
     with pytest.raises(UserError) as e:
         load_config("tiny", overrides)

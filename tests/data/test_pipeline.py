@@ -30,7 +30,7 @@ def test_windows_pack_the_selected_documents(dataset, rng):
     assert len(src) == (len(stream) - 1) // 16
     for w in range(len(src)):
         item = src[w]
-        np.testing.assert_array_equal(item["tokens"], stream[w * 16:w * 16 + 17])
+        np.testing.assert_array_equal(item["tokens"], stream[w * 16 : w * 16 + 17])
         np.testing.assert_array_equal(dataset.tokens[item["positions"]], item["tokens"])
 
 
@@ -60,12 +60,17 @@ def test_batches_are_a_function_of_seed_and_step(dataset):
 def test_hosts_read_disjoint_rows_whose_union_is_the_global_batch(dataset, processes):
     src = WindowSource(dataset, np.arange(dataset.num_docs), seq_len=8)
     single = BatchStream(src, 8, seed=5)
-    hosts = [BatchStream(src, 8, seed=5, process_index=p, process_count=processes) for p in range(processes)]
+    hosts = [
+        BatchStream(src, 8, seed=5, process_index=p, process_count=processes)
+        for p in range(processes)
+    ]
     for step in range(6):
         parts = [h.batch(step)["positions"] for h in hosts]
         np.testing.assert_array_equal(np.concatenate(parts), single.batch(step)["positions"])
         starts = [set(p[:, 0].tolist()) for p in parts]
-        assert all(not (starts[i] & starts[j]) for i in range(processes) for j in range(i + 1, processes))
+        assert all(
+            not (starts[i] & starts[j]) for i in range(processes) for j in range(i + 1, processes)
+        )
 
 
 def test_inputs_and_targets_are_shifted(dataset):

@@ -55,8 +55,10 @@ def test_directory_expands_to_its_sorted_non_hidden_files(tmp_path):
 
 
 def test_doc_split_file_and_blank_line(tmp_path, rng):
-    blocks = [[random_text(rng, rng.randint(1, 30)).replace("\n", " ") for _ in range(rng.randint(1, 3))]
-              for _ in range(rng.randint(2, 8))]
+    blocks = [
+        [random_text(rng, rng.randint(1, 30)).replace("\n", " ") for _ in range(rng.randint(1, 3))]
+        for _ in range(rng.randint(2, 8))
+    ]
     docs = ["\n".join(lines) for lines in blocks]
     separators = [rng.choice(["\n\n", "\n \n", "\n\n\n\t\n"]) for _ in docs]
     text = "\n\n" + "".join(d + s for d, s in zip(docs, separators))
@@ -69,7 +71,10 @@ def test_doc_split_file_and_blank_line(tmp_path, rng):
 
 def test_jsonl_one_document_per_line_from_the_named_field(tmp_path, rng):
     docs = [random_text(rng, rng.randint(1, 20)) for _ in range(rng.randint(3, 10))]
-    lines = [json.dumps({"body": d, "id": i}, ensure_ascii=rng.random() < 0.5) for i, d in enumerate(docs)]
+    lines = [
+        json.dumps({"body": d, "id": i}, ensure_ascii=rng.random() < 0.5)
+        for i, d in enumerate(docs)
+    ]
     lines.insert(1, "")  # blank lines are skipped
     lines.append(json.dumps({"body": "  \n"}))  # an empty document is skipped
     (tmp_path / "c.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -99,7 +104,9 @@ def test_missing_path_and_empty_glob_are_named(tmp_path):
 def test_invalid_utf8_names_file_and_byte_offset(tmp_path, rng, doc_split):
     good = random_text(rng, rng.randint(1, 40)).encode("utf-8")
     (tmp_path / "bad.txt").write_bytes(good + b"\n\xff\xfe tail")
-    with pytest.raises(UserError, match=rf"bad\.txt: invalid UTF-8 at byte offset {len(good) + 1} "):
+    with pytest.raises(
+        UserError, match=rf"bad\.txt: invalid UTF-8 at byte offset {len(good) + 1} "
+    ):
         list(iter_documents([str(tmp_path / "bad.txt")], doc_split=doc_split))
 
 

@@ -31,13 +31,17 @@ from tests.conftest import SHARED_DATA
 REPO = Path(__file__).resolve().parents[2]
 # Run only the tokenize command through main's dispatch and error handling, so these tests
 # do not depend on the other command modules.
-ONLY_TOKENIZE = ("import sys, scone_jax.cli.main as m; m.COMMANDS = ('tokenize',); "
-                 "sys.exit(m.main(sys.argv[1:]))")
+ONLY_TOKENIZE = (
+    "import sys, scone_jax.cli.main as m; m.COMMANDS = ('tokenize',); "
+    "sys.exit(m.main(sys.argv[1:]))"
+)
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    return Tokenizer.train(default_corpus(max_mb=0.2), 400, "bpe", tmp_path_factory.mktemp("tok") / "t.model")
+    return Tokenizer.train(
+        default_corpus(max_mb=0.2), 400, "bpe", tmp_path_factory.mktemp("tok") / "t.model"
+    )
 
 
 @pytest.fixture
@@ -55,8 +59,10 @@ def main(monkeypatch):
 
 def random_docs(rng: random.Random, n: int) -> list[str]:
     words = ["the", "data", "SCONE", "n-gram", "embedding", "über", "naïve", "数据", "🙂", "x" * 9]
-    return [" ".join(rng.choice(words) for _ in range(rng.randint(1, 40))) + rng.choice(["", "\n", "."])
-            for _ in range(n)]
+    return [
+        " ".join(rng.choice(words) for _ in range(rng.randint(1, 40))) + rng.choice(["", "\n", "."])
+        for _ in range(n)
+    ]
 
 
 def write_files(root: Path, docs: list[str]) -> list[Path]:
@@ -89,8 +95,14 @@ def test_tokens_per_document_are_encode_plus_eos(tokenizer, tmp_path, rng):
 
 def test_no_eos_and_given_corpus_fingerprint(tokenizer, tmp_path, rng):
     docs = random_docs(rng, 5)
-    ds = tokenize_corpus(iter(docs), tokenizer, tmp_path / "ds", corpus_sha256="abc", append_eos=False,
-                         progress=False)
+    ds = tokenize_corpus(
+        iter(docs),
+        tokenizer,
+        tmp_path / "ds",
+        corpus_sha256="abc",
+        append_eos=False,
+        progress=False,
+    )
     assert [ds.doc(i).tolist() for i in range(5)] == tokenizer.encode_batch(docs)
     assert ds.meta["corpus_sha256"] == "abc" and ds.meta["append_eos"] is False
 
@@ -111,7 +123,9 @@ def test_failure_midway_leaves_no_output(tokenizer, tmp_path, rng):
     write_files(src, random_docs(rng, 3))
     (src / "doc001.txt").write_bytes(b"fine start \xc3\x28 broken")
     with pytest.raises(UserError, match=r"doc001\.txt: invalid UTF-8 at byte offset 11"):
-        tokenize_corpus(iter_documents([str(src / "*.txt")]), tokenizer, tmp_path / "out" / "ds", progress=False)
+        tokenize_corpus(
+            iter_documents([str(src / "*.txt")]), tokenizer, tmp_path / "out" / "ds", progress=False
+        )
     assert not (tmp_path / "out" / "ds").exists()
     assert list((tmp_path / "out").iterdir()) == []  # no temporary directory left behind
     with pytest.raises(UserError, match="empty corpus"):
@@ -124,7 +138,9 @@ def test_build_dataset_trains_a_tokenizer_and_keeps_it(tmp_path, rng):
     src.mkdir()
     docs = random_docs(rng, 30)
     (src / "all.txt").write_text("\n\n".join(d.strip() for d in docs), encoding="utf-8")
-    cfg = DataConfig(corpus=[str(src / "all.txt")], doc_split="blank_line", tokenizer_vocab_size=300)
+    cfg = DataConfig(
+        corpus=[str(src / "all.txt")], doc_split="blank_line", tokenizer_vocab_size=300
+    )
     ds = build_dataset(cfg, tmp_path / "ds", progress=False)
     tok = dataset_tokenizer(ds)
     assert tok.vocab_size == 300 and ds.num_docs == len(docs)
@@ -141,15 +157,34 @@ def test_cli_tokenizes_and_prints_a_summary(main, tmp_path, rng, capsys):
     src = tmp_path / "src"
     src.mkdir()
     docs = random_docs(rng, 12)
-    (src / "d.jsonl").write_text("".join(json.dumps({"body": d}) + "\n" for d in docs), encoding="utf-8")
+    (src / "d.jsonl").write_text(
+        "".join(json.dumps({"body": d}) + "\n" for d in docs), encoding="utf-8"
+    )
     out = tmp_path / "ds"
-    code = main(["tokenize", "--corpus", str(src / "*.jsonl"), "--jsonl-field", "body", "--vocab-size", "300",
-                 "--out", str(out), "--no-eos", "--no-progress"])
+    code = main(
+        [
+            "tokenize",
+            "--corpus",
+            str(src / "*.jsonl"),
+            "--jsonl-field",
+            "body",
+            "--vocab-size",
+            "300",
+            "--out",
+            str(out),
+            "--no-eos",
+            "--no-progress",
+        ]
+    )
     summary = capsys.readouterr().out.strip()
     assert code == 0
     ds = TokenizedDataset.open(out)
     assert ds.num_docs == 12 and ds.meta["append_eos"] is False
-    assert summary.startswith("tokenized 12 docs") and ds.tokenizer_sha256[:12] in summary and str(out) in summary
+    assert (
+        summary.startswith("tokenized 12 docs")
+        and ds.tokenizer_sha256[:12] in summary
+        and str(out) in summary
+    )
     tok = dataset_tokenizer(ds)
     assert [tok.decode(ds.doc(i)) for i in range(12)] == docs
 
@@ -170,10 +205,16 @@ def test_cli_bad_inputs_exit_2_with_one_line(main, tmp_path, tokenizer, capsys):
         (["--corpus", str(tmp_path / "*.nothing")], ["*.nothing", "matches no file"]),
         (["--corpus", str(tmp_path / "blank.txt")], ["empty corpus"]),
         (["--corpus", str(tmp_path / "bad.txt")], ["bad.txt", "invalid UTF-8 at byte offset 3"]),
-        (["--corpus", str(tmp_path / "bad.txt"), "--tokenizer", str(tokenizer.path)], ["bad.txt", "byte offset 3"]),
+        (
+            ["--corpus", str(tmp_path / "bad.txt"), "--tokenizer", str(tokenizer.path)],
+            ["bad.txt", "byte offset 3"],
+        ),
         (["--tokenizer", str(tmp_path / "none.model")], ["none.model"]),
         (["--tokenizer", str(tokenizer.path), "--vocab-size", "300"], ["--tokenizer"]),
-        (["--corpus", str(tmp_path / "blank.txt"), "--vocab-size", "10"], ["tokenizer_vocab_size=10"]),
+        (
+            ["--corpus", str(tmp_path / "blank.txt"), "--vocab-size", "10"],
+            ["tokenizer_vocab_size=10"],
+        ),
     ]
     for args, needles in cases:
         out = tmp_path / "ds"
@@ -190,15 +231,26 @@ def test_cli_subprocess_invalid_utf8_and_success(tmp_path, rng):
     write_files(src, random_docs(rng, 4))
     (src / "doc002.txt").write_bytes(b"abc\xffdef")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-c", ONLY_TOKENIZE, "tokenize", "--corpus", str(src / "*.txt"), "--vocab-size", "300"]
-    bad = subprocess.run([*cmd, "--out", str(tmp_path / "ds")], capture_output=True, text=True, env=env,
-                         timeout=120)
+    cmd = [
+        sys.executable,
+        "-c",
+        ONLY_TOKENIZE,
+        "tokenize",
+        "--corpus",
+        str(src / "*.txt"),
+        "--vocab-size",
+        "300",
+    ]
+    bad = subprocess.run(
+        [*cmd, "--out", str(tmp_path / "ds")], capture_output=True, text=True, env=env, timeout=120
+    )
     assert bad.returncode == 2
     _check_one_line_error(bad.stderr, "doc002.txt", "invalid UTF-8 at byte offset 3")
     assert not (tmp_path / "ds").exists()
     (src / "doc002.txt").write_text("fixed now", encoding="utf-8")
-    good = subprocess.run([*cmd, "--out", str(tmp_path / "ds")], capture_output=True, text=True, env=env,
-                          timeout=120)
+    good = subprocess.run(
+        [*cmd, "--out", str(tmp_path / "ds")], capture_output=True, text=True, env=env, timeout=120
+    )
     assert good.returncode == 0, good.stderr
     assert "tokenize ds" in good.stderr  # the progress bar went to stderr
     assert TokenizedDataset.open(tmp_path / "ds").num_docs == 4
@@ -206,11 +258,15 @@ def test_cli_subprocess_invalid_utf8_and_success(tmp_path, rng):
 
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/data is absent")
 def test_real_text_slice_round_trips(tmp_path):
-    shakespeare = (SHARED_DATA / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")[:150_000]
+    shakespeare = (SHARED_DATA / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")[
+        :150_000
+    ]
     wiki = (SHARED_DATA / "wikitext-2" / "valid.txt").read_text(encoding="utf-8")[:150_000]
     (tmp_path / "shakespeare.txt").write_text(shakespeare, encoding="utf-8")
     (tmp_path / "wiki.txt").write_text(wiki, encoding="utf-8")
-    cfg = DataConfig(corpus=[str(tmp_path / "*.txt")], doc_split="blank_line", tokenizer_vocab_size=1024)
+    cfg = DataConfig(
+        corpus=[str(tmp_path / "*.txt")], doc_split="blank_line", tokenizer_vocab_size=1024
+    )
     ds = build_dataset(cfg, tmp_path / "ds", progress=False)
     docs = list(iter_documents(cfg.corpus, "blank_line"))
     tok = dataset_tokenizer(ds)

@@ -27,7 +27,9 @@ def run(tmp_path_factory):
 
 def live_rows(run_dir):
     """F(w) - T(last token of w) for every f-gram, straight from the model (the reference)."""
-    rp = load_run_params(run_dir, mesh=make_mesh(devices=jax.devices()[:1]))  # an unsharded reference
+    rp = load_run_params(
+        run_dir, mesh=make_mesh(devices=jax.devices()[:1])
+    )  # an unsharded reference
     model = rp.model()
     fs = FgramSet.load(rp.info["fgram_set"])
     tokens = jnp.asarray(np.maximum(fs.tokens, 0), jnp.int32)
@@ -48,7 +50,7 @@ def test_float32_table_equals_the_fgram_model(run):
     assert not (root / "t32.partial").exists()
 
 
-@pytest.mark.parametrize("dtype, rel", [("bfloat16", 2 ** -8), ("int8", 1 / 127)])
+@pytest.mark.parametrize("dtype, rel", [("bfloat16", 2**-8), ("int8", 1 / 127)])
 def test_low_precision_tables_are_within_their_stated_tolerance(run, dtype, rel):
     """bfloat16: relative error <= 2^-8 per element; int8: <= half a step, i.e. max|row| / 254."""
     run_dir, root = run
@@ -84,8 +86,20 @@ def test_export_killed_midway_resumes_to_the_same_table(run):
     run_dir, root = run
     export_table(run_dir, str(root / "straight"), progress=False, range_rows=50, batch_rows=64)
     url = root / "resumed"
-    args = ["export", str(run_dir), "--out", str(url), "--range-rows", "50", "--batch-rows", "64", "--no-progress"]
-    proc = faulty_cli(args, hang_after_call=("scone_jax.export.table.write_json", 2))  # 2 ranges written
+    args = [
+        "export",
+        str(run_dir),
+        "--out",
+        str(url),
+        "--range-rows",
+        "50",
+        "--batch-rows",
+        "64",
+        "--no-progress",
+    ]
+    proc = faulty_cli(
+        args, hang_after_call=("scone_jax.export.table.write_json", 2)
+    )  # 2 ranges written
     wait_for_hang(proc)
     proc.kill()
     finish(proc)
@@ -95,7 +109,9 @@ def test_export_killed_midway_resumes_to_the_same_table(run):
     assert not url.exists()
     done_before = len(json.loads(progress.read_text())["done"])
     with pytest.raises(UserError, match=r"has another shard_rows .* rerun with the same options"):
-        export_table(run_dir, str(url), progress=False, range_rows=50, batch_rows=64, shard_rows=512)
+        export_table(
+            run_dir, str(url), progress=False, range_rows=50, batch_rows=64, shard_rows=512
+        )
     assert len(json.loads(progress.read_text())["done"]) == done_before  # the partial table is kept
     res = finish(faulty_cli(args))
     assert res.returncode == 0, res.stderr[-2000:]

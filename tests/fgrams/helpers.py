@@ -7,7 +7,9 @@ import numpy as np
 from scone_jax.fgrams.corpus import Corpus
 
 
-def random_docs(rng: np.random.Generator, max_docs: int = 6, max_len: int = 40, alphabet: int | None = None):
+def random_docs(
+    rng: np.random.Generator, max_docs: int = 6, max_len: int = 40, alphabet: int | None = None
+):
     """A few documents (some empty or single-token) over a small alphabet, so n-grams repeat."""
     alphabet = alphabet or int(rng.integers(2, 7))
     docs = []
@@ -19,7 +21,9 @@ def random_docs(rng: np.random.Generator, max_docs: int = 6, max_len: int = 40, 
 
 
 def corpus_of(docs, vocab_size: int | None = None) -> Corpus:
-    tokens = np.concatenate([np.asarray(d, np.int64) for d in docs]) if docs else np.zeros(0, np.int64)
+    tokens = (
+        np.concatenate([np.asarray(d, np.int64) for d in docs]) if docs else np.zeros(0, np.int64)
+    )
     return Corpus.from_arrays(tokens, [len(d) for d in docs], vocab_size=vocab_size)
 
 

@@ -12,7 +12,7 @@ def brute_counts(docs, max_n: int) -> Counter:
         d = [int(x) for x in doc]
         for n in range(2, max_n + 1):
             for i in range(len(d) - n + 1):
-                c[tuple(d[i:i + n])] += 1
+                c[tuple(d[i : i + n])] += 1
     return c
 
 
@@ -32,7 +32,7 @@ def brute_tag(docs, fgrams: dict[tuple[int, ...], int], max_n: int):
         for i in range(len(d)):
             best, blen = -1, 0
             for n in range(min(max_n, i + 1), 1, -1):
-                hit = fgrams.get(tuple(d[i - n + 1:i + 1]))
+                hit = fgrams.get(tuple(d[i - n + 1 : i + 1]))
                 if hit is not None:
                     best, blen = hit, n
                     break

@@ -43,6 +43,7 @@ def test_beam_reads_a_dataset_directory_and_pruning_is_only_an_optimisation(tmp_
     beam = select_fgrams(corpus, 5, 100_000, 3, backend="beam", progress=False, tmp_dir=tmp_path)
     assert_same(beam, local)
     assert local.num_fgrams < 100_000
+
     def rows(result):
         tokens, lengths, counts = result[:3]
         return sorted((tuple(t[:n].tolist()), int(c)) for t, n, c in zip(tokens, lengths, counts))
@@ -61,18 +62,57 @@ def test_cli_beam_backend_matches_local(tmp_path, rng, capsys):
     docs = [rng.integers(0, 6, int(rng.integers(0, 300))) for _ in range(8)]
     a = make_dataset(tmp_path / "a", docs, 6)
     b = make_dataset(tmp_path / "b", docs[::-1], 6)
-    common = ["--max-n", "4", "--num-fgrams", "60", "--min-count", "2", "--no-progress", "--no-stats"]
+    common = [
+        "--max-n",
+        "4",
+        "--num-fgrams",
+        "60",
+        "--min-count",
+        "2",
+        "--no-progress",
+        "--no-stats",
+    ]
     assert main(["fgrams", "build", str(a.path), "--out", str(tmp_path / "local"), *common]) == 0
-    assert main(["fgrams", "build", str(a.path), "--out", str(tmp_path / "beam"), "--backend", "beam",
-                 "--beam-dataset", str(a.path), "--beam-no-prune",
-                 "--beam-options=--runner=DirectRunner --direct_num_workers=1", *common]) == 0
+    assert (
+        main(
+            [
+                "fgrams",
+                "build",
+                str(a.path),
+                "--out",
+                str(tmp_path / "beam"),
+                "--backend",
+                "beam",
+                "--beam-dataset",
+                str(a.path),
+                "--beam-no-prune",
+                "--beam-options=--runner=DirectRunner --direct_num_workers=1",
+                *common,
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     main(["fgrams", "dump", str(tmp_path / "local")])
     local = capsys.readouterr().out
     main(["fgrams", "dump", str(tmp_path / "beam")])
     assert capsys.readouterr().out == local and local
-    code = main(["fgrams", "build", str(a.path), "--out", str(tmp_path / "bad"), "--backend", "beam",
-                 "--beam-dataset", str(b.path), *common])
+    code = main(
+        [
+            "fgrams",
+            "build",
+            str(a.path),
+            "--out",
+            str(tmp_path / "bad"),
+            "--backend",
+            "beam",
+            "--beam-dataset",
+            str(b.path),
+            *common,
+        ]
+    )
     assert code == 2 and "not a copy" in capsys.readouterr().err and not (tmp_path / "bad").exists()
-    code = main(["fgrams", "build", str(a.path), "--out", str(tmp_path / "bad"), "--beam-no-prune", *common])
+    code = main(
+        ["fgrams", "build", str(a.path), "--out", str(tmp_path / "bad"), "--beam-no-prune", *common]
+    )
     assert code == 2 and "need --backend beam" in capsys.readouterr().err

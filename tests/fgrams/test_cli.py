@@ -23,8 +23,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run(capsys, *argv):
-    code = main(["fgrams", *map(str, argv), "--no-progress"] if argv[0] in ("build", "tag", "stats")
-                else ["fgrams", *map(str, argv)])
+    code = main(
+        ["fgrams", *map(str, argv), "--no-progress"]
+        if argv[0] in ("build", "tag", "stats")
+        else ["fgrams", *map(str, argv)]
+    )
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -53,8 +56,22 @@ def test_register_gives_every_subcommand_help():
 
 def test_build_dump_tag_stats_from_arrays(arrays, capsys):
     tmp, docs, tokens = arrays
-    code, out, _ = run(capsys, "build", "--token-ids", tmp / "ids.npy", "--doc-lengths", tmp / "lens.npy",
-                       "--out", tmp / "set", "--max-n", 4, "--num-fgrams", 200, "--min-count", 3)
+    code, out, _ = run(
+        capsys,
+        "build",
+        "--token-ids",
+        tmp / "ids.npy",
+        "--doc-lengths",
+        tmp / "lens.npy",
+        "--out",
+        tmp / "set",
+        "--max-n",
+        4,
+        "--num-fgrams",
+        200,
+        "--min-count",
+        3,
+    )
     assert code == 0 and "coverage" in out and "cutoff count" in out
     want = brute_select(docs, 4, 200, 3)
     code, out, _ = run(capsys, "dump", tmp / "set")
@@ -62,14 +79,31 @@ def test_build_dump_tag_stats_from_arrays(arrays, capsys):
     assert code == 0 and len(lines) == len(want)
     for i, (line, (gram, count)) in enumerate(zip(lines, want)):
         assert line == f"{i}\t{count}\t{' '.join(map(str, gram))}"
-    code, out, _ = run(capsys, "tag", tmp / "set", "--token-ids", tmp / "ids.npy", "--doc-lengths", tmp / "lens.npy",
-                       "--out-ids", tmp / "t_ids.npy", "--out-lengths", tmp / "t_lens.npy")
+    code, out, _ = run(
+        capsys,
+        "tag",
+        tmp / "set",
+        "--token-ids",
+        tmp / "ids.npy",
+        "--doc-lengths",
+        tmp / "lens.npy",
+        "--out-ids",
+        tmp / "t_ids.npy",
+        "--out-lengths",
+        tmp / "t_lens.npy",
+    )
     assert code == 0 and "matched" in out
     fs = FgramSet.load(tmp / "set")
     ids, lens = tag_tokens(fs, tokens, np.concatenate([[0], np.cumsum([len(d) for d in docs])]))
-    assert np.array_equal(np.load(tmp / "t_ids.npy"), ids) and np.array_equal(np.load(tmp / "t_lens.npy"), lens)
-    code, out, _ = run(capsys, "stats", tmp / "set", "--json", tmp / "s.json", "--plot", tmp / "s.png")
-    assert code == 0 and json.loads((tmp / "s.json").read_text())["coverage"]["num_tokens"] == len(tokens)
+    assert np.array_equal(np.load(tmp / "t_ids.npy"), ids) and np.array_equal(
+        np.load(tmp / "t_lens.npy"), lens
+    )
+    code, out, _ = run(
+        capsys, "stats", tmp / "set", "--json", tmp / "s.json", "--plot", tmp / "s.png"
+    )
+    assert code == 0 and json.loads((tmp / "s.json").read_text())["coverage"]["num_tokens"] == len(
+        tokens
+    )
     assert (tmp / "s.png").is_file()
     code, out, _ = run(capsys, "stats", tmp / "set", "--token-ids", tmp / "ids.npy")
     assert code == 0 and "ids.npy" in out
@@ -79,8 +113,22 @@ def test_a_disk_without_room_for_the_tags_is_one_error_and_no_file(arrays, capsy
     """Tags are written through memory maps, which on a full disk die with SIGBUS mid-write; their
     blocks are reserved first, so a full disk is a one-line error and leaves no file behind."""
     tmp, _, tokens = arrays
-    code, _, err = run(capsys, "build", "--token-ids", tmp / "ids.npy", "--doc-lengths", tmp / "lens.npy",
-                       "--out", tmp / "set", "--max-n", 3, "--num-fgrams", 100, "--min-count", 2)
+    code, _, err = run(
+        capsys,
+        "build",
+        "--token-ids",
+        tmp / "ids.npy",
+        "--doc-lengths",
+        tmp / "lens.npy",
+        "--out",
+        tmp / "set",
+        "--max-n",
+        3,
+        "--num-fgrams",
+        100,
+        "--min-count",
+        2,
+    )
     assert code == 0, err
     before = sorted(os.listdir(tmp))
     asked = []
@@ -90,11 +138,27 @@ def test_a_disk_without_room_for_the_tags_is_one_error_and_no_file(arrays, capsy
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "posix_fallocate", no_space)
-    code, _, err = run(capsys, "tag", tmp / "set", "--token-ids", tmp / "ids.npy", "--doc-lengths", tmp / "lens.npy",
-                       "--out-ids", tmp / "t_ids.npy", "--out-lengths", tmp / "t_lens.npy")
+    code, _, err = run(
+        capsys,
+        "tag",
+        tmp / "set",
+        "--token-ids",
+        tmp / "ids.npy",
+        "--doc-lengths",
+        tmp / "lens.npy",
+        "--out-ids",
+        tmp / "t_ids.npy",
+        "--out-lengths",
+        tmp / "t_lens.npy",
+    )
     assert code == 2 and err.count("\n") == 1
-    assert f"cannot write {tmp / 't_ids.npy'} and {tmp / 't_lens.npy'}: [Errno 28] No space left on device" in err
-    assert len(asked) == 1 and asked[0][0] == 0 and asked[0][1] >= 4 * len(tokens)  # the whole ids file
+    assert (
+        f"cannot write {tmp / 't_ids.npy'} and {tmp / 't_lens.npy'}: [Errno 28] No space left on "
+        "device" in err
+    )
+    assert (
+        len(asked) == 1 and asked[0][0] == 0 and asked[0][1] >= 4 * len(tokens)
+    )  # the whole ids file
     assert sorted(os.listdir(tmp)) == before
 
 
@@ -169,8 +233,16 @@ def test_tagging_with_another_tokenizer_is_refused(tmp_path, capsys, rng):
     code, _, err = run(capsys, "tag", tmp_path / "set", b.path)
     assert code == 2 and "tokenizer" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "b" / "tags").exists()
-    code, _, err = run(capsys, "tag", tmp_path / "set", b.path, "--out-ids", tmp_path / "i.npy",
-                       "--out-lengths", tmp_path / "l.npy")
+    code, _, err = run(
+        capsys,
+        "tag",
+        tmp_path / "set",
+        b.path,
+        "--out-ids",
+        tmp_path / "i.npy",
+        "--out-lengths",
+        tmp_path / "l.npy",
+    )
     assert code == 2 and not (tmp_path / "i.npy").exists() and not (tmp_path / "l.npy").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "set"]
 
@@ -179,35 +251,111 @@ def test_real_subprocess_prints_one_line(arrays):
     tmp, _, _ = arrays
     np.save(tmp / "neg.npy", np.array([3, -1]))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "scone_jax.cli.main", "fgrams", "build", "--token-ids",
-                           str(tmp / "neg.npy"), "--out", str(tmp / "set")],
-                          capture_output=True, text=True, env=env, cwd=tmp, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scone_jax.cli.main",
+            "fgrams",
+            "build",
+            "--token-ids",
+            str(tmp / "neg.npy"),
+            "--out",
+            str(tmp / "set"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp,
+        timeout=300,
+    )
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "scone-jax fgrams: error: " + f"{tmp / 'neg.npy'}: negative token id -1 at position 1 (expected ids >= 0)"
+    assert (
+        proc.stderr.strip()
+        == "scone-jax fgrams: error: "
+        + f"{tmp / 'neg.npy'}: negative token id -1 at position 1 (expected ids >= 0)"
+    )
     assert not (tmp / "set").exists()
-    ok = subprocess.run([sys.executable, "-m", "scone_jax.cli.main", "fgrams", "build", "--token-ids",
-                         str(tmp / "ids.npy"), "--doc-lengths", str(tmp / "lens.npy"), "--out", str(tmp / "set"),
-                         "--min-count", "2", "--no-progress"],
-                        capture_output=True, text=True, env=env, cwd=tmp, timeout=300)
+    ok = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scone_jax.cli.main",
+            "fgrams",
+            "build",
+            "--token-ids",
+            str(tmp / "ids.npy"),
+            "--doc-lengths",
+            str(tmp / "lens.npy"),
+            "--out",
+            str(tmp / "set"),
+            "--min-count",
+            "2",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp,
+        timeout=300,
+    )
     assert ok.returncode == 0, ok.stderr
-    dump = subprocess.run([sys.executable, "-m", "scone_jax.cli.main", "fgrams", "dump", str(tmp / "set")],
-                          capture_output=True, text=True, env=env, cwd=tmp, timeout=300)
+    dump = subprocess.run(
+        [sys.executable, "-m", "scone_jax.cli.main", "fgrams", "dump", str(tmp / "set")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp,
+        timeout=300,
+    )
     assert dump.returncode == 0 and dump.stdout.startswith("0\t")
 
 
 def test_bad_tag_and_stats_input(arrays, capsys):
     tmp, _, _ = arrays
-    assert run(capsys, "build", "--token-ids", tmp / "ids.npy", "--out", tmp / "set", "--min-count", 2)[0] == 0
-    assert run(capsys, "build", "--token-ids", tmp / "ids.npy", "--out", tmp / "set")[2].count("already exists") == 1
+    assert (
+        run(
+            capsys, "build", "--token-ids", tmp / "ids.npy", "--out", tmp / "set", "--min-count", 2
+        )[0]
+        == 0
+    )
+    assert (
+        run(capsys, "build", "--token-ids", tmp / "ids.npy", "--out", tmp / "set")[2].count(
+            "already exists"
+        )
+        == 1
+    )
     np.save(tmp / "neg.npy", np.array([1, -1]))
     before = set(os.listdir(tmp))
     cases = [
         (["tag", tmp / "set", "--token-ids", tmp / "ids.npy"], "--out-ids"),
         (["tag", tmp / "set", "--token-ids", tmp / "ids.npy", "--out-ids", tmp / "x.npy"], "both"),
-        (["tag", tmp / "set", "--token-ids", tmp / "neg.npy", "--out-ids", tmp / "x.npy",
-          "--out-lengths", tmp / "y.npy"], "negative"),
-        (["tag", tmp / "set", "--token-ids", tmp / "ids.npy", "--out-ids", tmp / "no" / "x.npy",
-          "--out-lengths", tmp / "y.npy"], "does not exist"),
+        (
+            [
+                "tag",
+                tmp / "set",
+                "--token-ids",
+                tmp / "neg.npy",
+                "--out-ids",
+                tmp / "x.npy",
+                "--out-lengths",
+                tmp / "y.npy",
+            ],
+            "negative",
+        ),
+        (
+            [
+                "tag",
+                tmp / "set",
+                "--token-ids",
+                tmp / "ids.npy",
+                "--out-ids",
+                tmp / "no" / "x.npy",
+                "--out-lengths",
+                tmp / "y.npy",
+            ],
+            "does not exist",
+        ),
         (["tag", tmp / "nothere", "--token-ids", tmp / "ids.npy"], "not an f-gram set"),
         (["stats", tmp, "--token-ids", tmp / "ids.npy"], "not an f-gram set"),
         (["stats", tmp / "set", "--token-ids", tmp / "neg.npy"], "negative"),

@@ -51,8 +51,14 @@ def test_selection_equals_brute_force_including_ties_and_small_sets(rng):
 
 def test_ties_at_the_cutoff_are_broken_shorter_first_then_lexicographically():
     # every bigram and trigram below occurs exactly 3 times
-    docs = [np.array([5, 1, 2]), np.array([5, 1, 2]), np.array([5, 1, 2]), np.array([0, 9]), np.array([0, 9]),
-            np.array([0, 9])]
+    docs = [
+        np.array([5, 1, 2]),
+        np.array([5, 1, 2]),
+        np.array([5, 1, 2]),
+        np.array([0, 9]),
+        np.array([0, 9]),
+        np.array([0, 9]),
+    ]
     fs = select_fgrams(corpus_of(docs), 3, 3, 3, progress=False)
     assert as_list(fs) == [((0, 9), 3), ((1, 2), 3), ((5, 1), 3)]
     fs = select_fgrams(corpus_of(docs), 3, 10, 3, progress=False)
@@ -83,8 +89,16 @@ def test_code_layouts_agree(rng, vocab_size):
         docs = [d % vocab_size for d in docs]
     want = {g: c for g, c in brute_counts(docs, 4).items() if c >= 2}
     for disk in (False, True):
-        got = survivors(count_ngrams(corpus_of(docs, vocab_size), 4, 2, progress=False,
-                                     force_disk=disk, memory_budget=1 << 20))
+        got = survivors(
+            count_ngrams(
+                corpus_of(docs, vocab_size),
+                4,
+                2,
+                progress=False,
+                force_disk=disk,
+                memory_budget=1 << 20,
+            )
+        )
         assert got == want
 
 
@@ -93,13 +107,15 @@ def test_out_of_core_equals_in_memory(rng, tmp_path, monkeypatch):
     corpus = corpus_of(docs)
     ram = select_fgrams(corpus, 6, 500, 3, progress=False)
     assert ram.meta["plan"] == "memory"
-    disk = select_fgrams(corpus, 6, 500, 3, progress=False, memory_budget=1 << 20, force_disk=True,
-                         tmp_dir=tmp_path)
+    disk = select_fgrams(
+        corpus, 6, 500, 3, progress=False, memory_budget=1 << 20, force_disk=True, tmp_dir=tmp_path
+    )
     assert disk.meta["plan"] == "disk"
     # partitions bigger than the per-worker limit are counted in pieces and merged
     monkeypatch.setattr(outofcore.Plan, "partition_limit", property(lambda self: 97))
-    pieces = select_fgrams(corpus, 6, 500, 3, progress=False, memory_budget=1 << 20, force_disk=True,
-                           tmp_dir=tmp_path)
+    pieces = select_fgrams(
+        corpus, 6, 500, 3, progress=False, memory_budget=1 << 20, force_disk=True, tmp_dir=tmp_path
+    )
     for other in (disk, pieces):
         assert other.fingerprint == ram.fingerprint
         assert as_list(other) == as_list(ram)
@@ -108,8 +124,12 @@ def test_out_of_core_equals_in_memory(rng, tmp_path, monkeypatch):
 
 def test_tiny_budget_goes_out_of_core_and_is_respected(rng):
     tokens = rng.integers(0, 60, 1_000_000)
-    lengths = np.diff(np.concatenate([[0], np.sort(rng.choice(len(tokens), 200, replace=False)), [len(tokens)]]))
-    corpus = corpus_of([tokens[a:b] for a, b in zip(np.cumsum(lengths) - lengths, np.cumsum(lengths))])
+    lengths = np.diff(
+        np.concatenate([[0], np.sort(rng.choice(len(tokens), 200, replace=False)), [len(tokens)]])
+    )
+    corpus = corpus_of(
+        [tokens[a:b] for a, b in zip(np.cumsum(lengths) - lengths, np.cumsum(lengths))]
+    )
     budget = 24 << 20
     plan = outofcore.plan(corpus.num_tokens, budget, 2)
     assert plan.mode == "disk"
@@ -120,7 +140,9 @@ def test_tiny_budget_goes_out_of_core_and_is_respected(rng):
     finally:
         tracemalloc.stop()
     assert counted.plan.mode == "disk"
-    assert peak <= budget, f"peak traced memory {peak / 2**20:.1f} MiB > budget {budget / 2**20:.0f} MiB"
+    assert peak <= budget, (
+        f"peak traced memory {peak / 2**20:.1f} MiB > budget {budget / 2**20:.0f} MiB"
+    )
     ram = count_ngrams(corpus, 5, 5, progress=False)
     assert survivors(counted) == survivors(ram)
 

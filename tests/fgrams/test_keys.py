@@ -29,7 +29,7 @@ def test_suffix_keys_match(rng):
     t = rng.integers(0, 50, 200)
     for n in (2, 3, 5):
         got = suffix_keys(t, n, seed=2)
-        assert got.tolist() == [fgram_key(t[j:j + n], 2) for j in range(len(t) - n + 1)]
+        assert got.tolist() == [fgram_key(t[j : j + n], 2) for j in range(len(t) - n + 1)]
 
 
 def test_length_and_order_are_part_of_the_key():

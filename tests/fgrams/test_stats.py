@@ -34,7 +34,9 @@ def test_build_writes_stats_that_match_brute_force(tmp_path, rng):
 
 def test_stats_without_a_corpus(tmp_path, rng):
     docs = [rng.integers(0, 4, 300)]
-    fs = build_fgram_set(corpus_of(docs), tmp_path / "set", 3, 10, 2, progress=False, with_stats=False)
+    fs = build_fgram_set(
+        corpus_of(docs), tmp_path / "set", 3, 10, 2, progress=False, with_stats=False
+    )
     assert not (tmp_path / "set" / "stats.json").exists()
     stats = compute_stats(FgramSet.load(tmp_path / "set"))
     assert "coverage" not in stats and stats["fgram_set"]["num_fgrams"] == fs.num_fgrams

@@ -30,8 +30,17 @@ def test_round_trip(tmp_path, small_set):
         assert back.lookup_keys([keymod.fgram_key(back.fgram(i), back.key_seed)])[0] == i
     assert back.lookup_keys([keymod.fgram_key([9, 9, 9])])[0] == -1
     meta = json.loads((tmp_path / "set" / "meta.json").read_text())
-    for field in ("max_n", "num_fgrams", "min_count", "cutoff_count", "tokenizer_sha256", "corpus_fingerprint",
-                  "key_hash", "key_seed", "fingerprint"):
+    for field in (
+        "max_n",
+        "num_fgrams",
+        "min_count",
+        "cutoff_count",
+        "tokenizer_sha256",
+        "corpus_fingerprint",
+        "key_hash",
+        "key_seed",
+        "fingerprint",
+    ):
         assert field in meta
 
 
@@ -46,10 +55,14 @@ def test_corruption_is_detected(tmp_path, small_set):
     np.save(tmp_path / "set" / "counts.npy", counts[:-1])
     with pytest.raises(UserError, match="counts.npy has .* bytes"):
         FgramSet.load(tmp_path / "set")
-    (tmp_path / "set" / "checksums.json").unlink()  # a set saved before manifests: its own checks still apply
+    (
+        tmp_path / "set" / "checksums.json"
+    ).unlink()  # a set saved before manifests: its own checks still apply
     with pytest.raises(UserError, match="shape"):
         FgramSet.load(tmp_path / "set")
-    np.save(tmp_path / "set" / "counts.npy", counts)  # right shape, wrong values: the arrays' sha256
+    np.save(
+        tmp_path / "set" / "counts.npy", counts
+    )  # right shape, wrong values: the arrays' sha256
     with pytest.raises(UserError, match="counts.npy fails its checksum; the set is corrupt"):
         FgramSet.load(tmp_path / "set")
     with pytest.raises(UserError, match="not an f-gram set"):
@@ -81,6 +94,8 @@ def test_a_key_collision_is_resolved_by_reseeding(monkeypatch, capsys, small_set
 
 def test_an_unresolvable_collision_is_refused(monkeypatch, small_set):
     docs, _ = small_set
-    monkeypatch.setattr(keymod, "fgram_keys", lambda tokens, lengths, seed=0: np.zeros(len(lengths), np.uint64))
+    monkeypatch.setattr(
+        keymod, "fgram_keys", lambda tokens, lengths, seed=0: np.zeros(len(lengths), np.uint64)
+    )
     with pytest.raises(KeyCollisionError, match="collide"):
         select_fgrams(corpus_of(docs, vocab_size=5), 4, 40, 2, progress=False)

@@ -42,7 +42,7 @@ def contexts(docs, k):
     rows = []
     for doc in docs:
         for j in range(len(doc)):
-            ctx = [int(x) for x in doc[max(0, j - k + 1):j]]
+            ctx = [int(x) for x in doc[max(0, j - k + 1) : j]]
             rows.append([-1] * (k - 1 - len(ctx)) + ctx)
     return np.array(rows, np.int64).reshape(-1, k - 1)
 
@@ -62,7 +62,9 @@ def test_tagging_equals_brute_force_at_document_boundaries(rng):
         ids, lens = tag_tokens(fs, tokens, offsets)
         assert ids.tolist() == want_ids and lens.tolist() == want_lens
         # chunked over a thread pool: windows cut mid-document and mid-f-gram
-        ids, lens, hist = tag_corpus(fs, corpus_of(docs), progress=False, chunk=int(rng.integers(1, 9)))
+        ids, lens, hist = tag_corpus(
+            fs, corpus_of(docs), progress=False, chunk=int(rng.integers(1, 9))
+        )
         assert ids.tolist() == want_ids and lens.tolist() == want_lens
         assert hist.tolist() == np.bincount(want_lens, minlength=k + 1).tolist()
 
@@ -82,7 +84,7 @@ def test_streaming_forms_agree_with_brute_force(rng):
         for doc in docs:
             st.reset()
             for j, t in enumerate(doc):
-                got_match.append(st.match(doc[max(0, j - k + 1):j], t))
+                got_match.append(st.match(doc[max(0, j - k + 1) : j], t))
                 got_push.append(st.push(t))
         assert got_match == want and got_push == want
         tokens = np.concatenate([np.asarray(d, np.int64) for d in docs])
@@ -93,7 +95,9 @@ def test_streaming_forms_agree_with_brute_force(rng):
         if length:
             cut = int(rng.integers(0, length))
             batch = DecodeTagger(fs, [d[:cut] for d in docs])
-            got = np.array([batch.push([int(d[j]) for d in docs]) for j in range(cut, length)]).T.tolist()
+            got = np.array(
+                [batch.push([int(d[j]) for d in docs]) for j in range(cut, length)]
+            ).T.tolist()
             starts = np.cumsum([0] + [len(d) for d in docs])
             assert got == [[want[s + j][0] for j in range(cut, length)] for s in starts[:-1]]
 
@@ -105,7 +109,10 @@ def test_unknown_tokens_never_match(rng):
     assert lens.tolist() == [0, 2, 0, 0, 2, 3]
     assert StreamingTagger(fs).match([1, 2], 99) == (-1, 0)
     assert StreamingTagger(fs).match([99, 1], 2) == (get_one(fs.tagger().tables[2], 1 * 3 + 2), 2)
-    assert DecodeTagger(fs, [[1, 2], [99, 1]]).push([99, 2]) == [-1, get_one(fs.tagger().tables[2], 1 * 3 + 2)]
+    assert DecodeTagger(fs, [[1, 2], [99, 1]]).push([99, 2]) == [
+        -1,
+        get_one(fs.tagger().tables[2], 1 * 3 + 2),
+    ]
 
 
 def test_declared_vocab_is_enforced(rng):
@@ -121,8 +128,14 @@ def test_a_set_that_is_not_closed_is_refused(rng):
     docs = [np.array([1, 2, 3, 1, 2, 3])]
     fs = select_fgrams(corpus_of(docs), 3, 10, 2, progress=False)
     keep = [i for i in range(fs.num_fgrams) if fs.fgram(i) != (1, 2)]
-    broken = FgramSet.create(fs.tokens[keep], fs.lengths[keep], fs.counts[keep], max_n=3, min_count=2,
-                             key_vocab=fs.key_vocab)
+    broken = FgramSet.create(
+        fs.tokens[keep],
+        fs.lengths[keep],
+        fs.counts[keep],
+        max_n=3,
+        min_count=2,
+        key_vocab=fs.key_vocab,
+    )
     with pytest.raises(UserError, match="not closed"):
         broken.tagger()
 
@@ -137,7 +150,12 @@ def test_tags_are_stored_beside_the_dataset_and_reused(tmp_path, rng, monkeypatc
     want_ids, want_lens = expected(fs, docs)
     assert ids.tolist() == want_ids and lens.tolist() == want_lens
     stored = tmp_path / "ds" / "tags" / fs.fingerprint[:16]
-    assert sorted(p.name for p in stored.iterdir()) == ["checksums.json", "ids.npy", "lengths.npy", "meta.json"]
+    assert sorted(p.name for p in stored.iterdir()) == [
+        "checksums.json",
+        "ids.npy",
+        "lengths.npy",
+        "meta.json",
+    ]
 
     def boom(*a, **k):
         raise AssertionError("tags were recomputed")
@@ -147,7 +165,9 @@ def test_tags_are_stored_beside_the_dataset_and_reused(tmp_path, rng, monkeypatc
     assert isinstance(ids2, np.memmap) and ids2.tolist() == want_ids
 
 
-def test_tags_that_do_not_fit_beside_the_dataset_are_one_error_and_no_directory(tmp_path, rng, monkeypatch):
+def test_tags_that_do_not_fit_beside_the_dataset_are_one_error_and_no_directory(
+    tmp_path, rng, monkeypatch
+):
     """A disk without room for the tags refuses them before any write through the memory map
     (where a full disk kills the process with SIGBUS): one clear error, no tags directory."""
     docs = [rng.integers(0, 6, int(rng.integers(0, 400))) for _ in range(10)]
@@ -160,7 +180,9 @@ def test_tags_that_do_not_fit_beside_the_dataset_are_one_error_and_no_directory(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "posix_fallocate", no_space)
-    with pytest.raises(UserError, match=r"cannot write .*/ds/tags/\w+: \[Errno 28\] No space left on device"):
+    with pytest.raises(
+        UserError, match=r"cannot write .*/ds/tags/\w+: \[Errno 28\] No space left on device"
+    ):
         tags_for_dataset(ds, fs, progress=False)
     assert not any((tmp_path / "ds" / "tags").iterdir())
     monkeypatch.undo()
@@ -200,8 +222,15 @@ def test_tagging_split_across_processes_equals_one_process(tmp_path, rng):
         return real_tag_corpus(*args, **kwargs)
 
     def process(i):
-        results[i] = tags_for_dataset(ds, fs, progress=False, workers=1, process_index=i,
-                                      process_count=processes, barrier=lambda name: wall.wait())
+        results[i] = tags_for_dataset(
+            ds,
+            fs,
+            progress=False,
+            workers=1,
+            process_index=i,
+            process_count=processes,
+            barrier=lambda name: wall.wait(),
+        )
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(tag_mod, "tag_corpus", tag_and_record)
@@ -214,9 +243,16 @@ def test_tagging_split_across_processes_equals_one_process(tmp_path, rng):
     for ids, lens in results:
         assert ids.tolist() == want_ids and lens.tolist() == want_lens
     bounds = np.linspace(0, ds.num_tokens, processes + 1).astype(int).tolist()
-    assert sorted(spans) == list(zip(bounds[:-1], bounds[1:]))  # contiguous shares, cutting documents
+    assert sorted(spans) == list(
+        zip(bounds[:-1], bounds[1:])
+    )  # contiguous shares, cutting documents
     stored = tmp_path / "ds" / "tags" / fs.fingerprint[:16]
-    assert sorted(p.name for p in stored.iterdir()) == ["checksums.json", "ids.npy", "lengths.npy", "meta.json"]
+    assert sorted(p.name for p in stored.iterdir()) == [
+        "checksums.json",
+        "ids.npy",
+        "lengths.npy",
+        "meta.json",
+    ]
     histogram = np.bincount(want_lens, minlength=fs.max_n + 1).tolist()
     assert json.loads((stored / "meta.json").read_text())["match_length_histogram"] == histogram
     assert not list((tmp_path / "ds" / "tags").glob(".*"))  # no staging directory left

@@ -16,7 +16,13 @@ def random_fgram_set(rng, size, vocab=VOCAB):
 
 def random_batch(rng, batch, num_tokens, set_size, match_prob=0.6):
     positions = rng.choice(num_tokens - T - 1, batch)[:, None] + np.arange(T)
-    tag_ids = np.where(rng.random(num_tokens) < match_prob, rng.integers(0, set_size, num_tokens), -1)
+    tag_ids = np.where(
+        rng.random(num_tokens) < match_prob, rng.integers(0, set_size, num_tokens), -1
+    )
     tag_lengths = np.where(tag_ids >= 0, 2, 0)
     inputs = rng.integers(0, VOCAB, (batch, T)).astype(np.int32)
-    return {"inputs": inputs, "targets": np.roll(inputs, -1, 1), "positions": positions}, tag_ids, tag_lengths
+    return (
+        {"inputs": inputs, "targets": np.roll(inputs, -1, 1), "positions": positions},
+        tag_ids,
+        tag_lengths,
+    )

@@ -16,12 +16,20 @@ def test_batches_carry_each_positions_longest_match_within_its_document(tmp_path
     dataset = make_dataset(tmp_path / "data", docs, vocab)
     cfg = FgramConfig(enabled=True, max_n=5, num_fgrams=400, min_count=2)
     train_ids, _ = split_documents(dataset.num_docs, 0.0, 0)
-    inputs = prepare_fgram_inputs(cfg, dataset, train_ids, tmp_path / "run", 4 * seq_len, groups=1, progress=False)
+    inputs = prepare_fgram_inputs(
+        cfg, dataset, train_ids, tmp_path / "run", 4 * seq_len, groups=1, progress=False
+    )
     fs = inputs.fgram_set
-    want_ids, want_lengths = (np.array(a) for a in brute_tag(docs, {fs.fgram(i): i for i in range(fs.num_fgrams)}, 5))
+    want_ids, want_lengths = (
+        np.array(a) for a in brute_tag(docs, {fs.fgram(i): i for i in range(fs.num_fgrams)}, 5)
+    )
     doc_of = np.repeat(np.arange(len(docs)), [len(d) for d in docs])
-    stream = BatchStream(WindowSource(dataset, train_ids, seq_len), 4, seed=int(rng.integers(1 << 30)),
-                         transform=inputs.batcher)
+    stream = BatchStream(
+        WindowSource(dataset, train_ids, seq_len),
+        4,
+        seed=int(rng.integers(1 << 30)),
+        transform=inputs.batcher,
+    )
     reached_back = crossed_a_document = 0
     for step in range(12):
         batch = stream.batch(step)
@@ -32,6 +40,8 @@ def test_batches_carry_each_positions_longest_match_within_its_document(tmp_path
         crossed_a_document += int((doc_of[positions] != doc_of[positions[:, :1]]).sum())
         for row, t in zip(*np.nonzero(batch["fgram_ids"] >= 0)):
             n, p = int(lengths[row, t]), int(positions[row, t])
-            assert fs.fgram(int(batch["fgram_ids"][row, t])) == tuple(dataset.tokens[p - n + 1:p + 1].tolist())
+            assert fs.fgram(int(batch["fgram_ids"][row, t])) == tuple(
+                dataset.tokens[p - n + 1 : p + 1].tolist()
+            )
             assert doc_of[p - n + 1] == doc_of[p]  # all of it inside this position's document
     assert reached_back > 0 and crossed_a_document > 0

@@ -69,37 +69,50 @@ def test_prefix_forest_has_one_node_per_distinct_prefix(groups, block, rng):
     spells the row, paths are the node's ancestors within the node's block, ancestors are
     copied only where a tree larger than a block is cut (or a walk over all trees at once cuts
     one), blocks are packed at least as tightly as that walk and dealt evenly to the groups."""
-    set_tokens, set_lengths = random_fgram_set(rng, int(rng.integers(1, 200)), vocab=int(rng.integers(2, 12)))
+    set_tokens, set_lengths = random_fgram_set(
+        rng, int(rng.integers(1, 200)), vocab=int(rng.integers(2, 12))
+    )
     forest = prefix_forest(set_tokens, set_lengths, share_prefixes=True)
     spelled = [tuple(forest.tokens[p[p >= 0]]) for p in forest.paths]
-    expected = {tuple(row[:m]) for row, n in zip(set_tokens.tolist(), set_lengths) for m in range(1, n + 1)}
+    expected = {
+        tuple(row[:m]) for row, n in zip(set_tokens.tolist(), set_lengths) for m in range(1, n + 1)
+    }
     assert len(spelled) == len(set(spelled)) and set(spelled) == expected
     for row, n, node in zip(set_tokens, set_lengths, forest.node_of_row):
         assert spelled[node] == tuple(row[:n])
     depth = (forest.paths >= 0).sum(1) - 1
-    for node, path in enumerate(forest.paths):  # each ancestor spells the node's prefix of its depth
+    for node, path in enumerate(
+        forest.paths
+    ):  # each ancestor spells the node's prefix of its depth
         assert path[depth[node]] == node
-        assert all(spelled[path[m]] == spelled[node][:m + 1] for m in range(depth[node]))
-    batcher = FgramBatcher(np.arange(len(set_tokens)), set_lengths, set_tokens, set_lengths, block=block,
-                           groups=groups)
+        assert all(spelled[path[m]] == spelled[node][: m + 1] for m in range(depth[node]))
+    batcher = FgramBatcher(
+        np.arange(len(set_tokens)), set_lengths, set_tokens, set_lengths, block=block, groups=groups
+    )
     out = batcher({"positions": np.arange(len(set_tokens))[None]})
     paths, nodes = out["forest"].paths, out["forest"].nodes
     assert paths.shape[0] == groups and paths.shape[2] == block
-    for g, n, c in np.ndindex(paths.shape[:3]):  # every slot (copies too) spells a prefix from its block
+    for g, n, c in np.ndindex(
+        paths.shape[:3]
+    ):  # every slot (copies too) spells a prefix from its block
         path = paths[g, n, c][paths[g, n, c] >= 0]
         assert path[-1] == c and np.all(path < block)
         assert len(path) == 1 or tuple(nodes[g, n, path]) in expected
     outputs = out["forest"].outputs
     assert outputs.shape[0] == groups
-    for i, index in enumerate(out["forest"].index[0]):  # each position's output node spells its f-gram
+    for i, index in enumerate(
+        out["forest"].index[0]
+    ):  # each position's output node spells its f-gram
         g, r = divmod(int(index), outputs.shape[1])
         n, c = divmod(int(outputs[g, r]), block)
         path = paths[g, n, c][paths[g, n, c] >= 0]
-        assert nodes[g, n, path].tolist() == set_tokens[i, :set_lengths[i]].tolist()
+        assert nodes[g, n, path].tolist() == set_tokens[i, : set_lengths[i]].tolist()
     assert len(np.unique(out["forest"].index)) == len(set_tokens)  # one output per row
     layout = forest_layout(forest, groups, block)
     group, rank = np.divmod(layout.output, layout.outputs.shape[1])
-    shifted = forest_layout(replace(forest, tokens=forest.tokens + 1), groups, block)  # padding: token 0
+    shifted = forest_layout(
+        replace(forest, tokens=forest.tokens + 1), groups, block
+    )  # padding: token 0
     real = np.argwhere(shifted.tokens > 0)  # the slots of nodes and of their copies
     greedy_blocks, greedy_copies = greedy_blocks_and_copies(forest, block)
     assert len(real) - len(forest.tokens) in (copies_needed(forest, block), greedy_copies)

@@ -20,7 +20,11 @@ def traced_matmul_flops(fn, *args) -> int:
             if eqn.primitive.name == "dot_general":
                 (contract, _), _ = eqn.params["dimension_numbers"]
                 lhs = eqn.invars[0].aval.shape
-                total += 2 * int(np.prod(eqn.outvars[0].aval.shape)) * int(np.prod([lhs[d] for d in contract]))
+                total += (
+                    2
+                    * int(np.prod(eqn.outvars[0].aval.shape))
+                    * int(np.prod([lhs[d] for d in contract]))
+                )
             for value in eqn.params.values():  # sub-programs: jit, custom_jvp, scan, cond branches
                 for sub in value if isinstance(value, (list, tuple)) else [value]:
                     sub = getattr(sub, "jaxpr", sub)  # a closed program's inner one
@@ -33,8 +37,15 @@ def traced_matmul_flops(fn, *args) -> int:
 
 MODELS = {
     "gpt2": ModelConfig(family="gpt2", d_model=48, n_layers=2, n_heads=4, max_seq_len=24),
-    "llama": ModelConfig(family="llama", d_model=48, n_layers=3, n_heads=4, n_kv_heads=2, max_seq_len=24,
-                         tie_embeddings=False),
+    "llama": ModelConfig(
+        family="llama",
+        d_model=48,
+        n_layers=3,
+        n_heads=4,
+        n_kv_heads=2,
+        max_seq_len=24,
+        tie_embeddings=False,
+    ),
 }
 
 
@@ -43,10 +54,15 @@ def test_backbone_flops_count_every_matmul(family, rng):
     cfg, vocab, batch, seq = MODELS[family], 96, 3, 20
     model = Transformer(cfg, vocab, rngs=nnx.Rngs(0))
     tokens = jnp.asarray(rng.integers(0, vocab, (batch, seq)), jnp.int32)
-    assert traced_matmul_flops(model, tokens) == model_flops(cfg, vocab, seq).forward_per_token * batch * seq
+    assert (
+        traced_matmul_flops(model, tokens)
+        == model_flops(cfg, vocab, seq).forward_per_token * batch * seq
+    )
 
 
-@pytest.mark.parametrize("family, fgram_width, layers", [("gpt2", 0, 2), ("gpt2", 32, 1), ("llama", 64, 2)])
+@pytest.mark.parametrize(
+    "family, fgram_width, layers", [("gpt2", 0, 2), ("gpt2", 32, 1), ("llama", 64, 2)]
+)
 def test_fgram_flops_count_the_forest_slots_and_outputs_computed(family, fgram_width, layers, rng):
     backbone = MODELS[family]
     fcfg = FgramConfig(enabled=True, max_n=4, block_size=8, d_model=fgram_width, n_layers=layers)

@@ -19,8 +19,9 @@ from tests.model.test_scone import BACKBONE
 def scone_batch(rng):
     set_tokens, set_lengths = random_fgram_set(rng, 30, vocab=6)
     batch, tag_ids, tag_lengths = random_batch(rng, 3, 400, 30)
-    batcher = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, block=8, capacity=64,
-                           output_capacity=64 * 8)
+    batcher = FgramBatcher(
+        tag_ids, tag_lengths, set_tokens, set_lengths, block=8, capacity=64, output_capacity=64 * 8
+    )
     return batcher(batch), set_tokens, set_lengths
 
 
@@ -29,7 +30,9 @@ def loss_fn(graphdef, batch):
 
     def loss(params):
         logits = nnx.merge(graphdef, params)(jnp.asarray(batch["inputs"]), **inputs)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, jnp.asarray(batch["targets"])).mean()
+        return optax.softmax_cross_entropy_with_integer_labels(
+            logits, jnp.asarray(batch["targets"])
+        ).mean()
 
     return loss
 
@@ -38,20 +41,29 @@ def loss_fn(graphdef, batch):
 def test_a_gated_model_starts_as_its_baseline(family, width, rng):
     seed = int(rng.integers(1 << 30))
     print(f"seed {seed}")
-    scone = SconeModel(BACKBONE[family], FgramConfig(enabled=True, max_n=K, combine="gated", d_model=width),
-                       VOCAB, rngs=nnx.Rngs(seed))
+    scone = SconeModel(
+        BACKBONE[family],
+        FgramConfig(enabled=True, max_n=K, combine="gated", d_model=width),
+        VOCAB,
+        rngs=nnx.Rngs(seed),
+    )
     baseline = Transformer(BACKBONE[family], VOCAB, rngs=nnx.Rngs(seed))
     batch, _, _ = scone_batch(rng)
     assert (batch["forest"].index >= 0).mean() > 0.3
     inputs = jax.tree.map(jnp.asarray, batch["forest"].arrays())
-    np.testing.assert_array_equal(np.asarray(scone(jnp.asarray(batch["inputs"]), **inputs)),
-                                  np.asarray(baseline(jnp.asarray(batch["inputs"]))))
+    np.testing.assert_array_equal(
+        np.asarray(scone(jnp.asarray(batch["inputs"]), **inputs)),
+        np.asarray(baseline(jnp.asarray(batch["inputs"]))),
+    )
     # at zero gain only the gate learns on the first step; F's own weights start moving after it
     graphdef, params = nnx.split(scone)
     grads = jax.grad(loss_fn(graphdef, batch))(params)
     assert float(jnp.abs(grads["fgram"]["output_gate"][...]).max()) > 0
-    others = [g for path, g in jax.tree_util.tree_leaves_with_path(grads["fgram"])
-              if "output_gate" not in jax.tree_util.keystr(path)]
+    others = [
+        g
+        for path, g in jax.tree_util.tree_leaves_with_path(grads["fgram"])
+        if "output_gate" not in jax.tree_util.keystr(path)
+    ]
     assert others and all(float(jnp.abs(g).max()) == 0 for g in others)
 
 
@@ -59,8 +71,12 @@ def test_a_gated_model_starts_as_its_baseline(family, width, rng):
 def test_the_input_is_the_token_plus_the_gated_fgram_embedding(family, rng):
     seed = int(rng.integers(1 << 30))
     print(f"seed {seed}")
-    model = SconeModel(BACKBONE[family], FgramConfig(enabled=True, max_n=K, combine="gated"), VOCAB,
-                       rngs=nnx.Rngs(seed))
+    model = SconeModel(
+        BACKBONE[family],
+        FgramConfig(enabled=True, max_n=K, combine="gated"),
+        VOCAB,
+        rngs=nnx.Rngs(seed),
+    )
     gate = rng.normal(size=BACKBONE[family].d_model).astype(np.float32)
     model.fgram.output_gate[...] = jnp.asarray(gate)
     batch, set_tokens, set_lengths = scone_batch(rng)
@@ -70,8 +86,12 @@ def test_the_input_is_the_token_plus_the_gated_fgram_embedding(family, rng):
     ids = batch["fgram_ids"]
     matched = ids >= 0
     # each matched f-gram alone through F (its plain call), times the gate, plus T(s_i)
-    alone = np.asarray(model.fgram_embeddings(jnp.asarray(np.maximum(set_tokens[ids[matched]], 0), jnp.int32),
-                                              jnp.asarray(set_lengths[ids[matched]], jnp.int32)))
+    alone = np.asarray(
+        model.fgram_embeddings(
+            jnp.asarray(np.maximum(set_tokens[ids[matched]], 0), jnp.int32),
+            jnp.asarray(set_lengths[ids[matched]], jnp.int32),
+        )
+    )
     np.testing.assert_allclose(got[~matched], tokens[~matched], rtol=0, atol=0)
     np.testing.assert_allclose(got[matched], tokens[matched] + alone, rtol=1e-4, atol=1e-5)
     assert np.abs(alone).mean() > 0.1  # the gate is on: F contributes

@@ -10,9 +10,18 @@ from scone_jax.model import Transformer
 
 CONFIGS = {
     "gpt2": ModelConfig(family="gpt2", d_model=32, n_layers=2, n_heads=4, max_seq_len=16),
-    "llama": ModelConfig(family="llama", d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16),
-    "gpt2_untied": ModelConfig(family="gpt2", d_model=32, n_layers=1, n_heads=2, max_seq_len=16,
-                               tie_embeddings=False, d_ff=48),
+    "llama": ModelConfig(
+        family="llama", d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=16
+    ),
+    "gpt2_untied": ModelConfig(
+        family="gpt2",
+        d_model=32,
+        n_layers=1,
+        n_heads=2,
+        max_seq_len=16,
+        tie_embeddings=False,
+        d_ff=48,
+    ),
 }
 VOCAB = 50
 
@@ -42,7 +51,9 @@ def test_causal_future_tokens_do_not_change_past_logits(name, rng):
 def test_tied_head_uses_the_embedding_table():
     model = build(CONFIGS["gpt2"])
     h = jnp.ones((1, 1, 32))
-    np.testing.assert_allclose(model.logits(h)[0, 0], model.embed_table[...] @ jnp.ones(32), rtol=1e-5)
+    np.testing.assert_allclose(
+        model.logits(h)[0, 0], model.embed_table[...] @ jnp.ones(32), rtol=1e-5
+    )
 
 
 def test_rope_is_relative(rng):
@@ -89,8 +100,8 @@ def test_attention_matches_reference(rng):
     for h in range(4):
         kv = h // 2
         for t in range(6):
-            s = q[:t + 1, h][-1] @ k[:t + 1, kv].T / np.sqrt(8)
+            s = q[: t + 1, h][-1] @ k[: t + 1, kv].T / np.sqrt(8)
             p = np.exp(s - s.max())
-            ref[t, h] = (p / p.sum()) @ v[:t + 1, kv]
+            ref[t, h] = (p / p.sum()) @ v[: t + 1, kv]
     expected = np.einsum("thk,hkd->td", ref, np.asarray(attn.wo[...]))
     np.testing.assert_allclose(out[0], expected, atol=1e-5)

@@ -20,9 +20,14 @@ class Job:
 
     def __init__(self, launcher_args: list[str], env: dict[str, str] | None = None):
         self.lines: list[str] = []
-        self.proc = subprocess.Popen([sys.executable, str(LOCAL), *launcher_args], cwd=REPO,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(LOCAL), *launcher_args],
+            cwd=REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -61,9 +66,20 @@ class Job:
         return None
 
 
-def worker_job(n: int, *worker_args: str, devices: int = 4, env: dict[str, str] | None = None) -> Job:
-    return Job([f"--devices-per-process={devices}", "--command", str(n), sys.executable, str(WORKER),
-                *worker_args], env)
+def worker_job(
+    n: int, *worker_args: str, devices: int = 4, env: dict[str, str] | None = None
+) -> Job:
+    return Job(
+        [
+            f"--devices-per-process={devices}",
+            "--command",
+            str(n),
+            sys.executable,
+            str(WORKER),
+            *worker_args,
+        ],
+        env,
+    )
 
 
 def scone_job(n: int, *scone_args: str, devices: int = 4, env: dict[str, str] | None = None) -> Job:

@@ -28,20 +28,39 @@ from tests.multihost.helpers import Job, scone_job
 from tests.train.helpers import losses, read_metrics, tiny_overrides
 
 STEPS = 6
-SCONE = {"fgrams.max_n": 4, "fgrams.num_fgrams": 3000, "fgrams.min_count": 2, "fgrams.n_layers": 1,
-         "mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "checkpoint.every": 2}
+SCONE = {
+    "fgrams.max_n": 4,
+    "fgrams.num_fgrams": 3000,
+    "fgrams.min_count": 2,
+    "fgrams.n_layers": 1,
+    "mesh.data": 2,
+    "mesh.fsdp": 2,
+    "mesh.tensor": 2,
+    "checkpoint.every": 2,
+}
 RANGE_ROWS, SHARD_ROWS = 64, 256  # small enough that both processes get several shards
 EXPORT = {"range_rows": RANGE_ROWS, "shard_rows": SHARD_ROWS, "progress": False}
 EXPORT_FLAGS = ["--range-rows", str(RANGE_ROWS), "--shard-rows", str(SHARD_ROWS), "--no-progress"]
-# seen over runs: losses within 2e-7 relative, params within 1e-5, tables within 2e-6 (rows up to ~3)
+# seen over runs: losses within 2e-7 relative, params within 1e-5, tables within 2e-6 (rows up to
+# ~3)
 LOSS_RTOL = 2e-5
 PARAM_ATOL, PARAM_RTOL = 1e-4, 1e-3
 TABLE_ATOL = 1e-4
 
 
-@pytest.mark.parametrize("num_rows, range_rows, shard_rows, processes", [
-    (1731, 64, 256, 2), (1731, 256, 512, 3), (100_000, 65536, 65536, 4), (5000, 300, 512, 2), (10, 64, 256, 8)])
-def test_processes_get_disjoint_whole_shards_that_cover_the_table(num_rows, range_rows, shard_rows, processes):
+@pytest.mark.parametrize(
+    "num_rows, range_rows, shard_rows, processes",
+    [
+        (1731, 64, 256, 2),
+        (1731, 256, 512, 3),
+        (100_000, 65536, 65536, 4),
+        (5000, 300, 512, 2),
+        (10, 64, 256, 8),
+    ],
+)
+def test_processes_get_disjoint_whole_shards_that_cover_the_table(
+    num_rows, range_rows, shard_rows, processes
+):
     ranges = row_ranges(num_rows, range_rows)
     block = math.lcm(range_rows, shard_rows)
     shares = [assigned_ranges(ranges, block, p, processes) for p in range(processes)]
@@ -87,7 +106,10 @@ def table_rows(url: Path) -> np.ndarray:
 
 def assert_same_table(a: Path, b: Path) -> None:
     np.testing.assert_array_equal(table_rows(a), table_rows(b))
-    assert json.loads((a / "meta.json").read_text())["checksum"] == json.loads((b / "meta.json").read_text())["checksum"]
+    assert (
+        json.loads((a / "meta.json").read_text())["checksum"]
+        == json.loads((b / "meta.json").read_text())["checksum"]
+    )
 
 
 def final_params(run_dir: Path, session) -> list[np.ndarray]:
@@ -111,7 +133,9 @@ def export_two_processes_failing_then_resumed(run_dir: Path, out: Path) -> None:
     job.wait_for(r"^\[p1\] ValueError: .*Is a directory")
     job.wait_for(r"^\[p0\] scone-jax: process 1 of 2 failed \(ValueError: ")
     recorded = json.loads((partial / "progress.1.json").read_text())["done"]
-    assert [(a, b) for a, b, _ in recorded] == row_ranges(2 * SHARD_ROWS, RANGE_ROWS)[SHARD_ROWS // RANGE_ROWS:]
+    assert [(a, b) for a, b, _ in recorded] == row_ranges(2 * SHARD_ROWS, RANGE_ROWS)[
+        SHARD_ROWS // RANGE_ROWS :
+    ]
     assert not out.exists()
     blocker.rmdir()
     again = run_job(scone_job(2, *args))
@@ -146,8 +170,12 @@ def test_two_processes_train_resume_and_export_like_one_process(tmp_path, rng):
 
     for run_dir in (single, multi):
         export_table(run_dir, str(tmp_path / f"{run_dir.name}_1p"), **EXPORT)
-    run_job(scone_job(2, "export", str(single), "--out", str(tmp_path / "single_2p"), *EXPORT_FLAGS))
+    run_job(
+        scone_job(2, "export", str(single), "--out", str(tmp_path / "single_2p"), *EXPORT_FLAGS)
+    )
     export_two_processes_failing_then_resumed(multi, tmp_path / "multi_2p")
     assert_same_table(tmp_path / "single_2p", tmp_path / "single_1p")
     assert_same_table(tmp_path / "multi_2p", tmp_path / "multi_1p")
-    np.testing.assert_allclose(table_rows(tmp_path / "multi_2p"), table_rows(tmp_path / "single_1p"), atol=TABLE_ATOL)
+    np.testing.assert_allclose(
+        table_rows(tmp_path / "multi_2p"), table_rows(tmp_path / "single_1p"), atol=TABLE_ATOL
+    )

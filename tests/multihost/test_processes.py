@@ -1,4 +1,5 @@
-"""Real 2-process jobs on localhost (gloo): healthy runs, per-process data, and what happens when a peer dies.
+"""Real 2-process jobs on localhost (gloo): healthy runs, per-process data, and what happens when a
+peer dies.
 
 The watchdog's limit is set low here (SCONE_PEER_TIMEOUT) so a lost peer is found in seconds.
 What stopped a job is read from its messages, never from how long it took (timings belong in
@@ -20,7 +21,10 @@ def test_two_processes_run_collectives_and_shut_down_cleanly():
     assert job.finish(120) == 0, job.output[-3000:]
     topology = [line for line in job.lines if "scone-jax: distributed:" in line]
     assert len(topology) == 1 and topology[0].startswith("[p0] ")  # logged once, by process 0
-    assert "2 processes (SCONE_* environment" in topology[0] and "8 devices (4 on process 0; cpu)" in topology[0]
+    assert (
+        "2 processes (SCONE_* environment" in topology[0]
+        and "8 devices (4 on process 0; cpu)" in topology[0]
+    )
     assert "[p0] DONE" in job.lines and "[p1] DONE" in job.lines
     assert "lost" not in job.output and "failed" not in job.output  # a normal exit alarms nobody
 
@@ -38,20 +42,27 @@ def test_a_killed_peer_stops_the_others_within_the_peer_timeout():
     job.wait_for(r"^\[p0\] STEP 10$")
     os.kill(victim, signal.SIGKILL)
     job.finish(60)
-    lost = job.wait_for(r"^\[p0\] scone-jax: process 1 of 2 is lost \(no heartbeat for (\d+)s, limit 5s\); "
-                        r"stopping process 0\. Rerun the job")
+    lost = job.wait_for(
+        r"^\[p0\] scone-jax: process 1 of 2 is lost \(no heartbeat for (\d+)s, limit 5s\); "
+        r"stopping process 0\. Rerun the job"
+    )
     assert job.status(0) == 75 and job.status(1) == -signal.SIGKILL
-    assert int(lost.group(1)) >= PEER_TIMEOUT  # found by the heartbeat going silent, not by anything else
+    assert (
+        int(lost.group(1)) >= PEER_TIMEOUT
+    )  # found by the heartbeat going silent, not by anything else
 
 
 def test_a_failing_peer_stops_the_others_at_once():
     # without the failure report, process 0 would wait in its collective until jax's shutdown
-    # timeout (SCONE_SHUTDOWN_TIMEOUT, 120 s); the peer timeout is long here, so it is not what stops it
+    # timeout (SCONE_SHUTDOWN_TIMEOUT, 120 s); the peer timeout is long here, so it is not what
+    # stops it
     job = worker_job(2, "fail-at", "10", "1", env={"SCONE_PEER_TIMEOUT": "60"})
     assert job.finish(60) in (1, 75), job.output[-3000:]  # whichever local.py saw first
     assert "is lost" not in job.output  # stopped by the report, not by a timeout
-    job.wait_for(r"^\[p0\] scone-jax: process 1 of 2 failed \(RuntimeError: injected failure at step 10\); "
-                 r"stopping process 0")
+    job.wait_for(
+        r"^\[p0\] scone-jax: process 1 of 2 failed \(RuntimeError: injected failure at step 10\); "
+        r"stopping process 0"
+    )
     assert job.status(1) == 1 and job.status(0) == 75
 
 
@@ -72,7 +83,10 @@ def test_a_coordinator_failing_while_the_others_wait_at_a_barrier_stops_them():
     job = worker_job(2, "barrier-fail", "0", env={"SCONE_PEER_TIMEOUT": "60"})
     assert job.finish(60) in (1, 75), job.output[-3000:]
     assert "is lost" not in job.output
-    job.wait_for(r"^\[p1\] scone-jax: process 0 of 2 failed \(RuntimeError: injected failure before the barrier\)")
+    job.wait_for(
+        r"^\[p1\] scone-jax: process 0 of 2 failed \(RuntimeError: injected failure before the "
+        r"barrier\)"
+    )
     assert job.status(0) == 1 and job.status(1) == 75
 
 
@@ -88,6 +102,10 @@ def test_a_runtime_error_caused_by_a_dead_peer_names_the_peer():
 def test_a_runtime_error_of_its_own_is_published_once_the_peers_are_seen_alive():
     job = worker_job(2, "runtime-error", "alone", env={"SCONE_PEER_TIMEOUT": "60"})
     job.finish(60)
-    assert "is lost" not in job.output  # published once the peer was seen alive, not after its timeout
-    job.wait_for(r"^\[p1\] scone-jax: process 0 of 2 failed \(JaxRuntimeError: injected failure at step 10\)")
+    assert (
+        "is lost" not in job.output
+    )  # published once the peer was seen alive, not after its timeout
+    job.wait_for(
+        r"^\[p1\] scone-jax: process 0 of 2 failed \(JaxRuntimeError: injected failure at step 10\)"
+    )
     assert job.status(0) == 1 and job.status(1) == 75

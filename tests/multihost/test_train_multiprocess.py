@@ -31,9 +31,16 @@ def _scone_process_pids(launcher_pid: int) -> dict[int, int]:
     found = {}
     for entry in Path("/proc").iterdir():
         try:
-            if not entry.name.isdigit() or int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) != launcher_pid:
+            if (
+                not entry.name.isdigit()
+                or int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) != launcher_pid
+            ):
                 continue
-            env = dict(kv.split("=", 1) for kv in (entry / "environ").read_bytes().decode().split("\0") if "=" in kv)
+            env = dict(
+                kv.split("=", 1)
+                for kv in (entry / "environ").read_bytes().decode().split("\0")
+                if "=" in kv
+            )
         except (OSError, ValueError):
             continue
         if "SCONE_PROCESS_ID" in env:
@@ -64,7 +71,9 @@ def _final_params(cfg, run_dir: Path, session) -> list[np.ndarray]:
 
 @pytest.mark.slow
 def test_two_processes_resume_after_a_lost_peer_and_match_one_process(markov_dataset, tmp_path):
-    single_cfg = load_config("tiny", tiny_overrides(markov_dataset.path, tmp_path / "single", STEPS, **MESH))
+    single_cfg = load_config(
+        "tiny", tiny_overrides(markov_dataset.path, tmp_path / "single", STEPS, **MESH)
+    )
     assert len(jax.devices()) == 8
     train(single_cfg)
 
@@ -86,9 +95,14 @@ def test_two_processes_resume_after_a_lost_peer_and_match_one_process(markov_dat
     assert not any(line.startswith("[p1] run ") for line in again.lines)  # process 0 reports
 
     a, b = losses(tmp_path / "single"), losses(multi)
-    assert sorted(a) == sorted(b) == list(range(1, STEPS + 1))  # resumed log: no gaps, no duplicates
+    assert (
+        sorted(a) == sorted(b) == list(range(1, STEPS + 1))
+    )  # resumed log: no gaps, no duplicates
     np.testing.assert_allclose([b[s] for s in a], [a[s] for s in a], rtol=2e-5)
     session = open_session(single_cfg, tmp_path / "single")
-    for x, y in zip(_final_params(single_cfg, multi, session), _final_params(single_cfg, tmp_path / "single", session),
-                    strict=True):
+    for x, y in zip(
+        _final_params(single_cfg, multi, session),
+        _final_params(single_cfg, tmp_path / "single", session),
+        strict=True,
+    ):
         np.testing.assert_allclose(x, y, atol=5e-4, rtol=1e-3)

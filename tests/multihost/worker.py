@@ -25,11 +25,17 @@ from scone_jax.runtime import distributed
 
 
 class JaxRuntimeError(RuntimeError):
-    """Named like jax's runtime error, which the watchdog treats as possibly caused by a lost peer."""
+    """Named like jax's runtime error, which the watchdog treats as possibly caused by a lost
+    peer."""
 
 
-def collectives(steps: int | None, fail_at: int | None = None, fail_process: int | None = None,
-                error: type[Exception] = RuntimeError, others_die: bool = False) -> None:
+def collectives(
+    steps: int | None,
+    fail_at: int | None = None,
+    fail_process: int | None = None,
+    error: type[Exception] = RuntimeError,
+    others_die: bool = False,
+) -> None:
     import jax
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -60,12 +66,18 @@ def data_split() -> None:
 
     dataset = TokenizedDataset.open(sys.argv[2])
     source = WindowSource(dataset, np.arange(dataset.num_docs), 16)
-    mine = BatchStream(source, 8, seed=3, process_index=jax.process_index(), process_count=jax.process_count())
+    mine = BatchStream(
+        source, 8, seed=3, process_index=jax.process_index(), process_count=jax.process_count()
+    )
     whole = BatchStream(source, 8, seed=3)
     for step in range(4):
-        rows = multihost_utils.process_allgather(mine.batch(step)["positions"])  # [processes, B/P, T]
+        rows = multihost_utils.process_allgather(
+            mine.batch(step)["positions"]
+        )  # [processes, B/P, T]
         starts = rows[:, :, 0]
-        assert len(set(starts.ravel().tolist())) == starts.size, "processes read overlapping windows"
+        assert len(set(starts.ravel().tolist())) == starts.size, (
+            "processes read overlapping windows"
+        )
         np.testing.assert_array_equal(rows.reshape(8, -1), whole.batch(step)["positions"])
     print("DATA OK", flush=True)
 

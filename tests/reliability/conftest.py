@@ -12,7 +12,8 @@ from tests.scone_run import train_scone_run
 
 @pytest.fixture(scope="session", autouse=True)
 def compile_cache(tmp_path_factory):
-    """One JAX compilation cache for the processes these tests restart (`faulty_cli(compile_cache=True)`)."""
+    """One JAX compilation cache for the processes these tests restart
+    (`faulty_cli(compile_cache=True)`)."""
     COMPILE_CACHE[:] = [tmp_path_factory.mktemp("jax_compile_cache")]
 
 
@@ -25,8 +26,13 @@ def scone_artifacts(tmp_path_factory):
     print(f"scone_artifacts seed: {seed}")
     run_dir = train_scone_run(root, seed=seed, steps=8)
     export_table(run_dir, str(root / "table"), progress=False, range_rows=500)
-    return {"root": root, "run": run_dir, "dataset": root / "data", "fgrams": run_dir / "fgrams",
-            "table": root / "table"}
+    return {
+        "root": root,
+        "run": run_dir,
+        "dataset": root / "data",
+        "fgrams": run_dir / "fgrams",
+        "table": root / "table",
+    }
 
 
 def pytest_terminal_summary(terminalreporter):

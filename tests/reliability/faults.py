@@ -27,23 +27,38 @@ from scone_jax.config import load_config, save_config
 from tests.reliability.faulty_cli import HANG_MESSAGE
 from tests.train.helpers import REPO
 
-TALLY = Counter()  # faults injected, restarts survived, artifacts checked intact, ... (see conftest)
+TALLY = (
+    Counter()
+)  # faults injected, restarts survived, artifacts checked intact, ... (see conftest)
 COMPILE_CACHE: list[Path] = []  # set by conftest
 
 
 def fault_env(devices: int, compile_cache: bool) -> dict[str, str]:
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-           "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONUNBUFFERED": "1",
+    }
     if compile_cache:
-        env.update(JAX_COMPILATION_CACHE_DIR=str(COMPILE_CACHE[0]), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+        env.update(
+            JAX_COMPILATION_CACHE_DIR=str(COMPILE_CACHE[0]),
+            JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+            JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+        )
     return env
 
 
-def faulty_cli(args: list[str], *, devices: int = 8, compile_cache: bool = False,
-               kill_at_write: tuple[Path, int] | None = None, count_writes: Path | None = None,
-               file_size_limit: int | None = None, hang_after_call: tuple[str, int] | None = None
-               ) -> subprocess.Popen:
+def faulty_cli(
+    args: list[str],
+    *,
+    devices: int = 8,
+    compile_cache: bool = False,
+    kill_at_write: tuple[Path, int] | None = None,
+    count_writes: Path | None = None,
+    file_size_limit: int | None = None,
+    hang_after_call: tuple[str, int] | None = None,
+) -> subprocess.Popen:
     """Start `scone-jax ARGS` in a fresh process on `devices` fake CPU devices, with the faults
     given armed (see faulty_cli.py).
 
@@ -59,9 +74,14 @@ def faulty_cli(args: list[str], *, devices: int = 8, compile_cache: bool = False
         faults += ["--file-size-limit", str(file_size_limit)]
     if hang_after_call:
         faults += ["--hang-after-call", hang_after_call[0], str(hang_after_call[1])]
-    return subprocess.Popen([sys.executable, "-m", "tests.reliability.faulty_cli", *faults, "--", *args], cwd=REPO,
-                            env=fault_env(devices, compile_cache), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.reliability.faulty_cli", *faults, "--", *args],
+        cwd=REPO,
+        env=fault_env(devices, compile_cache),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -79,7 +99,9 @@ def wait_for_hang(proc: subprocess.Popen) -> None:
 
 def writes_seen(stderr: str) -> list[str]:
     """The writes `faulty_cli --count-writes` reported, in order."""
-    return [line.split(" ", 3)[3] for line in stderr.splitlines() if line.startswith("fault: write #")]
+    return [
+        line.split(" ", 3)[3] for line in stderr.splitlines() if line.startswith("fault: write #")
+    ]
 
 
 def last_line(stderr: str) -> str:
@@ -93,7 +115,11 @@ def error_line(result: subprocess.CompletedProcess, command: str) -> str:
     around that line: those are not crashes of the command.)"""
     assert result.returncode == 2, result.stderr[-2000:]
     assert f'File "{REPO / "scone_jax"}' not in result.stderr, result.stderr[-3000:]
-    lines = [line for line in result.stderr.splitlines() if line.startswith(f"scone-jax {command}: error: ")]
+    lines = [
+        line
+        for line in result.stderr.splitlines()
+        if line.startswith(f"scone-jax {command}: error: ")
+    ]
     assert len(lines) == 1, result.stderr[-2000:]
     return lines[0]
 
@@ -113,7 +139,8 @@ def flip_byte(path: Path, rng: np.random.Generator) -> int:
 
 
 def copy_run(source: Path, run: Path) -> Path:
-    """A copy of run directory `source` at `run` that trains there (its config names its run_dir)."""
+    """A copy of run directory `source` at `run` that trains there (its config names its
+    run_dir)."""
     shutil.copytree(source, run)
     save_config(load_config(run / "config.yaml", [f"run_dir={run}"]), run / "config.yaml")
     return run
@@ -125,13 +152,19 @@ def files_below(root: Path) -> list[Path]:
 
 def snapshot(*roots: Path) -> dict[str, str]:
     """sha256 of every file below `roots`: what "byte-identical afterwards" is checked against."""
-    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for root in roots for p in files_below(root)}
+    return {
+        str(p): hashlib.sha256(p.read_bytes()).hexdigest()
+        for root in roots
+        for p in files_below(root)
+    }
 
 
 def assert_intact(before: dict[str, str]) -> None:
     """Every file of `before` still exists with the same bytes; counts them, and any lost."""
-    after = {path: hashlib.sha256(Path(path).read_bytes()).hexdigest() if Path(path).is_file() else None
-             for path in before}
+    after = {
+        path: hashlib.sha256(Path(path).read_bytes()).hexdigest() if Path(path).is_file() else None
+        for path in before
+    }
     lost = sorted(path for path in before if after[path] != before[path])
     TALLY["artifact files checked intact"] += len(before) - len(lost)
     TALLY["artifact files lost"] += len(lost)
@@ -181,7 +214,11 @@ def disk_full(under: Path, free: int = 0) -> Iterator[_FullDisk]:
         handle = real_open(file, mode, *args, **kwargs)
         if not any(c in mode for c in "wax+"):
             return handle
-        name = os.readlink(f"/proc/self/fd/{file}") if isinstance(file, int) else os.path.abspath(os.fsdecode(file))
+        name = (
+            os.readlink(f"/proc/self/fd/{file}")
+            if isinstance(file, int)
+            else os.path.abspath(os.fsdecode(file))
+        )
         return _FullFile(handle, disk, name) if name.startswith(disk.under) else handle
 
     builtins.open = io.open = open_

@@ -73,7 +73,13 @@ def arm_write_hooks(prefix: str, kill_at: int | None) -> None:
         return real_rmtree(path, *args, **kwargs)
 
     builtins.open = io.open = open_
-    os.replace, os.rename, os.unlink, os.remove, shutil.rmtree = replace, rename, unlink, unlink, rmtree
+    os.replace, os.rename, os.unlink, os.remove, shutil.rmtree = (
+        replace,
+        rename,
+        unlink,
+        unlink,
+        rmtree,
+    )
 
 
 def arm_hang(function: str, after: int) -> None:
@@ -114,7 +120,7 @@ def main() -> int:
         arm_hang(faults.hang_after_call[0], int(faults.hang_after_call[1]))
     from scone_jax.cli.main import main as scone_jax_main
 
-    return scone_jax_main(argv[split + 1:])
+    return scone_jax_main(argv[split + 1 :])
 
 
 if __name__ == "__main__":

@@ -37,7 +37,12 @@ from tests.conftest import make_dataset
 from tests.train.helpers import cli_run, tiny_overrides
 
 WORDS = "the cat sat on a mat and then ran far away from dog which barked loud at night".split()
-FGRAM_SETTINGS = ["fgrams.max_n=4", "fgrams.num_fgrams=500", "fgrams.min_count=2", "fgrams.n_layers=1"]
+FGRAM_SETTINGS = [
+    "fgrams.max_n=4",
+    "fgrams.num_fgrams=500",
+    "fgrams.min_count=2",
+    "fgrams.n_layers=1",
+]
 BASELINE = ["train", "tiny", *tiny_overrides("{w}/ds", "{tmp}/run", 2)]
 SCONE = ["train", "tiny_scone", *tiny_overrides("{w}/ds", "{tmp}/run", 2), *FGRAM_SETTINGS]
 FROM_CORPUS = [*BASELINE, "data.dataset="]  # tokenize data.corpus into the run directory
@@ -47,203 +52,674 @@ TABLE = ["--table", "{w}/table"]
 CASES = [
     # sweep
     ("sweep-missing-file", ["sweep", "{w}/nope.yaml", "--out", "{tmp}/sw"], "nope.yaml not found"),
-    ("sweep-unreadable-file", ["sweep", "{w}/unreadable.yaml", "--out", "{tmp}/sw"], "unreadable.yaml"),
-    ("sweep-python-object-yaml", ["sweep", "{w}/python_object.yaml", "--out", "{tmp}/sw"], "not valid YAML"),
+    (
+        "sweep-unreadable-file",
+        ["sweep", "{w}/unreadable.yaml", "--out", "{tmp}/sw"],
+        "unreadable.yaml",
+    ),
+    (
+        "sweep-python-object-yaml",
+        ["sweep", "{w}/python_object.yaml", "--out", "{tmp}/sw"],
+        "not valid YAML",
+    ),
     ("sweep-invalid-utf8", ["sweep", "{w}/latin1.yaml", "--out", "{tmp}/sw"], "latin1.yaml"),
-    ("sweep-not-a-mapping", ["sweep", "{w}/list.yaml", "--out", "{tmp}/sw"], "must be a mapping at the top level"),
-    ("sweep-unknown-key", ["sweep", "{w}/sweep_unknown_key.yaml", "--out", "{tmp}/sw"], "unknown key(s) ['repeat']"),
+    (
+        "sweep-not-a-mapping",
+        ["sweep", "{w}/list.yaml", "--out", "{tmp}/sw"],
+        "must be a mapping at the top level",
+    ),
+    (
+        "sweep-unknown-key",
+        ["sweep", "{w}/sweep_unknown_key.yaml", "--out", "{tmp}/sw"],
+        "unknown key(s) ['repeat']",
+    ),
     ("sweep-no-points", ["sweep", "{w}/sweep_no_points.yaml", "--out", "{tmp}/sw"], "no points"),
-    ("sweep-grid-not-a-list", ["sweep", "{w}/sweep_bad_grid.yaml", "--out", "{tmp}/sw"], "must be a non-empty list"),
-    ("sweep-out-of-range-value", ["sweep", "{w}/sweep_bad_value.yaml", "--out", "{tmp}/sw"], "train.steps=-1"),
-    ("sweep-unset-variable", ["sweep", "{w}/sweep_unset_variable.yaml", "--out", "{tmp}/sw"],
-     "SCONE_NEVER_SET_VARIABLE is not set"),
-    ("sweep-bad-override", ["sweep", "cpu_num_fgrams", "train.steps=many", "--dry-run"], "train.steps"),
-    ("sweep-out-below-a-file", ["sweep", "cpu_num_fgrams", "--out", "{w}/plain_file/sw"], "is not a directory"),
-    ("sweep-unknown-launcher", ["sweep", "cpu_num_fgrams", "--launcher", "lsf", "--dry-run"], "invalid choice: 'lsf'"),
+    (
+        "sweep-grid-not-a-list",
+        ["sweep", "{w}/sweep_bad_grid.yaml", "--out", "{tmp}/sw"],
+        "must be a non-empty list",
+    ),
+    (
+        "sweep-out-of-range-value",
+        ["sweep", "{w}/sweep_bad_value.yaml", "--out", "{tmp}/sw"],
+        "train.steps=-1",
+    ),
+    (
+        "sweep-unset-variable",
+        ["sweep", "{w}/sweep_unset_variable.yaml", "--out", "{tmp}/sw"],
+        "SCONE_NEVER_SET_VARIABLE is not set",
+    ),
+    (
+        "sweep-bad-override",
+        ["sweep", "cpu_num_fgrams", "train.steps=many", "--dry-run"],
+        "train.steps",
+    ),
+    (
+        "sweep-out-below-a-file",
+        ["sweep", "cpu_num_fgrams", "--out", "{w}/plain_file/sw"],
+        "is not a directory",
+    ),
+    (
+        "sweep-unknown-launcher",
+        ["sweep", "cpu_num_fgrams", "--launcher", "lsf", "--dry-run"],
+        "invalid choice: 'lsf'",
+    ),
     # report
     ("report-missing-dir", ["report", "{w}/nope"], "is not a sweep directory"),
     ("report-run-dir-not-sweep", ["report", "{w}/run"], "is not a sweep directory"),
-    ("report-out-below-a-file", ["report", "{w}/run", "--out", "{w}/plain_file/r"], "is not a directory"),
+    (
+        "report-out-below-a-file",
+        ["report", "{w}/run", "--out", "{w}/plain_file/r"],
+        "is not a directory",
+    ),
     # tokenize
-    ("tokenize-missing-corpus", ["tokenize", "--corpus", "{w}/nope.txt", "--out", "{tmp}/ds"], "nope.txt does not exist"),
-    ("tokenize-unreadable-corpus", ["tokenize", "--corpus", "{w}/unreadable.txt", "--out", "{tmp}/ds"], "unreadable.txt"),
-    ("tokenize-invalid-utf8", ["tokenize", "--corpus", "{w}/bad_utf8.txt", "--out", "{tmp}/ds"], "invalid UTF-8"),
-    ("tokenize-empty-corpus", ["tokenize", "--corpus", "{w}/blank.txt", "--out", "{tmp}/ds"], "empty corpus"),
-    ("tokenize-glob-matches-nothing", ["tokenize", "--corpus", "{w}/*.nothing", "--out", "{tmp}/ds"], "matches no file"),
-    ("tokenize-malformed-jsonl", ["tokenize", "--corpus", "{w}/bad.jsonl", "--out", "{tmp}/ds"], "bad.jsonl:2: not valid JSON"),
-    ("tokenize-jsonl-without-field", ["tokenize", "--corpus", "{w}/nofield.jsonl", "--out", "{tmp}/ds"],
-     "no string field 'text'"),
-    ("tokenize-vocab-too-small", ["tokenize", "--corpus", "{w}/corpus", "--vocab-size", "100", "--out", "{tmp}/ds"],
-     "tokenizer_vocab_size=100 (expected >= 260)"),
-    ("tokenize-vocab-too-large", ["tokenize", "--corpus", "{w}/corpus", "--vocab-size", "100000", "--no-progress",
-                                  "--out", "{tmp}/ds"], "vocab_size=100000 is too large for this corpus"),
-    ("tokenize-vocab-not-an-int", ["tokenize", "--vocab-size", "many", "--out", "{tmp}/ds"], "invalid int value: 'many'"),
-    ("tokenize-negative-default-corpus-cap", ["tokenize", "--max-default-corpus-mb", "-1", "--out", "{tmp}/ds"],
-     "max_default_corpus_mb=-1.0 (expected > 0)"),
-    ("tokenize-garbage-tokenizer", ["tokenize", "--corpus", "{w}/corpus", "--tokenizer", "{w}/garbage.model",
-                                    "--out", "{tmp}/ds"], "not a valid sentencepiece model"),
-    ("tokenize-unreadable-tokenizer", ["tokenize", "--corpus", "{w}/corpus", "--tokenizer", "{w}/unreadable.model",
-                                       "--out", "{tmp}/ds"], "unreadable.model"),
-    ("tokenize-out-exists", ["tokenize", "--corpus", "{w}/corpus", "--tokenizer", "{w}/ds/tokenizer.model",
-                             "--out", "{w}/ds"], "ds already exists"),
-    ("tokenize-out-below-a-file", ["tokenize", "--corpus", "{w}/corpus", "--tokenizer", "{w}/ds/tokenizer.model",
-                                   "--out", "{w}/plain_file/ds"], "plain_file is not a directory"),
+    (
+        "tokenize-missing-corpus",
+        ["tokenize", "--corpus", "{w}/nope.txt", "--out", "{tmp}/ds"],
+        "nope.txt does not exist",
+    ),
+    (
+        "tokenize-unreadable-corpus",
+        ["tokenize", "--corpus", "{w}/unreadable.txt", "--out", "{tmp}/ds"],
+        "unreadable.txt",
+    ),
+    (
+        "tokenize-invalid-utf8",
+        ["tokenize", "--corpus", "{w}/bad_utf8.txt", "--out", "{tmp}/ds"],
+        "invalid UTF-8",
+    ),
+    (
+        "tokenize-empty-corpus",
+        ["tokenize", "--corpus", "{w}/blank.txt", "--out", "{tmp}/ds"],
+        "empty corpus",
+    ),
+    (
+        "tokenize-glob-matches-nothing",
+        ["tokenize", "--corpus", "{w}/*.nothing", "--out", "{tmp}/ds"],
+        "matches no file",
+    ),
+    (
+        "tokenize-malformed-jsonl",
+        ["tokenize", "--corpus", "{w}/bad.jsonl", "--out", "{tmp}/ds"],
+        "bad.jsonl:2: not valid JSON",
+    ),
+    (
+        "tokenize-jsonl-without-field",
+        ["tokenize", "--corpus", "{w}/nofield.jsonl", "--out", "{tmp}/ds"],
+        "no string field 'text'",
+    ),
+    (
+        "tokenize-vocab-too-small",
+        ["tokenize", "--corpus", "{w}/corpus", "--vocab-size", "100", "--out", "{tmp}/ds"],
+        "tokenizer_vocab_size=100 (expected >= 260)",
+    ),
+    (
+        "tokenize-vocab-too-large",
+        [
+            "tokenize",
+            "--corpus",
+            "{w}/corpus",
+            "--vocab-size",
+            "100000",
+            "--no-progress",
+            "--out",
+            "{tmp}/ds",
+        ],
+        "vocab_size=100000 is too large for this corpus",
+    ),
+    (
+        "tokenize-vocab-not-an-int",
+        ["tokenize", "--vocab-size", "many", "--out", "{tmp}/ds"],
+        "invalid int value: 'many'",
+    ),
+    (
+        "tokenize-negative-default-corpus-cap",
+        ["tokenize", "--max-default-corpus-mb", "-1", "--out", "{tmp}/ds"],
+        "max_default_corpus_mb=-1.0 (expected > 0)",
+    ),
+    (
+        "tokenize-garbage-tokenizer",
+        [
+            "tokenize",
+            "--corpus",
+            "{w}/corpus",
+            "--tokenizer",
+            "{w}/garbage.model",
+            "--out",
+            "{tmp}/ds",
+        ],
+        "not a valid sentencepiece model",
+    ),
+    (
+        "tokenize-unreadable-tokenizer",
+        [
+            "tokenize",
+            "--corpus",
+            "{w}/corpus",
+            "--tokenizer",
+            "{w}/unreadable.model",
+            "--out",
+            "{tmp}/ds",
+        ],
+        "unreadable.model",
+    ),
+    (
+        "tokenize-out-exists",
+        [
+            "tokenize",
+            "--corpus",
+            "{w}/corpus",
+            "--tokenizer",
+            "{w}/ds/tokenizer.model",
+            "--out",
+            "{w}/ds",
+        ],
+        "ds already exists",
+    ),
+    (
+        "tokenize-out-below-a-file",
+        [
+            "tokenize",
+            "--corpus",
+            "{w}/corpus",
+            "--tokenizer",
+            "{w}/ds/tokenizer.model",
+            "--out",
+            "{w}/plain_file/ds",
+        ],
+        "plain_file is not a directory",
+    ),
     # fgrams build
-    ("build-pickled-token-ids", ["fgrams", "build", "--token-ids", "{w}/pickled.npy", "--out", "{tmp}/set"],
-     "pickled.npy is not a readable .npy array"),
-    ("build-pickled-doc-lengths", ["fgrams", "build", "--token-ids", "{w}/ids.npy", "--doc-lengths", "{w}/pickled.npy",
-                                   "--out", "{tmp}/set"], "pickled.npy is not a readable .npy array"),
-    ("build-unreadable-token-ids", ["fgrams", "build", "--token-ids", "{w}/unreadable.npy", "--out", "{tmp}/set"],
-     "unreadable.npy"),
-    ("build-missing-dataset", ["fgrams", "build", "{w}/nope", "--out", "{tmp}/set"], "nope is not a tokenized dataset"),
-    ("build-dataset-with-pickled-offsets", ["fgrams", "build", "{w}/pickled_ds", "--out", "{tmp}/set"],
-     "doc_offsets.npy"),
-    ("build-empty-token-ids", ["fgrams", "build", "--token-ids", "{w}/empty.npy", "--out", "{tmp}/set"], "corpus is empty"),
-    ("build-doc-lengths-do-not-sum", ["fgrams", "build", "--token-ids", "{w}/ids.npy", "--doc-lengths",
-                                      "{w}/short_lengths.npy", "--out", "{tmp}/set"], "sum to 99 but there are 100"),
-    ("build-2d-token-ids", ["fgrams", "build", "--token-ids", "{w}/ids_2d.npy", "--out", "{tmp}/set"],
-     "must be a 1-D integer array"),
-    ("build-float-token-ids", ["fgrams", "build", "--token-ids", "{w}/float_ids.npy", "--out", "{tmp}/set"],
-     "dtype float64"),
-    ("build-max-n-1", ["fgrams", "build", "--token-ids", "{w}/ids.npy", "--max-n", "1", "--out", "{tmp}/set"],
-     "K must be >= 2"),
-    ("build-max-n-65", ["fgrams", "build", "--token-ids", "{w}/ids.npy", "--max-n", "65", "--out", "{tmp}/set"],
-     "maximum K = 64"),
-    ("build-num-fgrams-0", ["fgrams", "build", "--token-ids", "{w}/ids.npy", "--num-fgrams", "0", "--out", "{tmp}/set"],
-     "at least 1 f-gram"),
-    ("build-min-count-0", ["fgrams", "build", "--token-ids", "{w}/ids.npy", "--min-count", "0", "--out", "{tmp}/set"],
-     "--min-count 0 must be >= 1"),
-    ("build-ids-beyond-vocab", ["fgrams", "build", "--token-ids", "{w}/ids.npy", "--vocab-size", "5",
-                                "--out", "{tmp}/set"], "out of vocabulary (expected < vocab size 5)"),
-    ("build-out-exists", ["fgrams", "build", "--token-ids", "{w}/ids.npy", "--out", "{w}/other_fgrams"], "already exists"),
-    ("build-out-below-a-file", ["fgrams", "build", "--token-ids", "{w}/ids.npy", "--out", "{w}/plain_file/set"],
-     "plain_file is not a directory"),
-    ("build-tmp-dir-is-a-file", ["fgrams", "build", "--token-ids", "{w}/ids.npy", "--tmp-dir", "{w}/plain_file",
-                                 "--out", "{tmp}/set"], "--tmp-dir"),
+    (
+        "build-pickled-token-ids",
+        ["fgrams", "build", "--token-ids", "{w}/pickled.npy", "--out", "{tmp}/set"],
+        "pickled.npy is not a readable .npy array",
+    ),
+    (
+        "build-pickled-doc-lengths",
+        [
+            "fgrams",
+            "build",
+            "--token-ids",
+            "{w}/ids.npy",
+            "--doc-lengths",
+            "{w}/pickled.npy",
+            "--out",
+            "{tmp}/set",
+        ],
+        "pickled.npy is not a readable .npy array",
+    ),
+    (
+        "build-unreadable-token-ids",
+        ["fgrams", "build", "--token-ids", "{w}/unreadable.npy", "--out", "{tmp}/set"],
+        "unreadable.npy",
+    ),
+    (
+        "build-missing-dataset",
+        ["fgrams", "build", "{w}/nope", "--out", "{tmp}/set"],
+        "nope is not a tokenized dataset",
+    ),
+    (
+        "build-dataset-with-pickled-offsets",
+        ["fgrams", "build", "{w}/pickled_ds", "--out", "{tmp}/set"],
+        "doc_offsets.npy",
+    ),
+    (
+        "build-empty-token-ids",
+        ["fgrams", "build", "--token-ids", "{w}/empty.npy", "--out", "{tmp}/set"],
+        "corpus is empty",
+    ),
+    (
+        "build-doc-lengths-do-not-sum",
+        [
+            "fgrams",
+            "build",
+            "--token-ids",
+            "{w}/ids.npy",
+            "--doc-lengths",
+            "{w}/short_lengths.npy",
+            "--out",
+            "{tmp}/set",
+        ],
+        "sum to 99 but there are 100",
+    ),
+    (
+        "build-2d-token-ids",
+        ["fgrams", "build", "--token-ids", "{w}/ids_2d.npy", "--out", "{tmp}/set"],
+        "must be a 1-D integer array",
+    ),
+    (
+        "build-float-token-ids",
+        ["fgrams", "build", "--token-ids", "{w}/float_ids.npy", "--out", "{tmp}/set"],
+        "dtype float64",
+    ),
+    (
+        "build-max-n-1",
+        ["fgrams", "build", "--token-ids", "{w}/ids.npy", "--max-n", "1", "--out", "{tmp}/set"],
+        "K must be >= 2",
+    ),
+    (
+        "build-max-n-65",
+        ["fgrams", "build", "--token-ids", "{w}/ids.npy", "--max-n", "65", "--out", "{tmp}/set"],
+        "maximum K = 64",
+    ),
+    (
+        "build-num-fgrams-0",
+        [
+            "fgrams",
+            "build",
+            "--token-ids",
+            "{w}/ids.npy",
+            "--num-fgrams",
+            "0",
+            "--out",
+            "{tmp}/set",
+        ],
+        "at least 1 f-gram",
+    ),
+    (
+        "build-min-count-0",
+        ["fgrams", "build", "--token-ids", "{w}/ids.npy", "--min-count", "0", "--out", "{tmp}/set"],
+        "--min-count 0 must be >= 1",
+    ),
+    (
+        "build-ids-beyond-vocab",
+        [
+            "fgrams",
+            "build",
+            "--token-ids",
+            "{w}/ids.npy",
+            "--vocab-size",
+            "5",
+            "--out",
+            "{tmp}/set",
+        ],
+        "out of vocabulary (expected < vocab size 5)",
+    ),
+    (
+        "build-out-exists",
+        ["fgrams", "build", "--token-ids", "{w}/ids.npy", "--out", "{w}/other_fgrams"],
+        "already exists",
+    ),
+    (
+        "build-out-below-a-file",
+        ["fgrams", "build", "--token-ids", "{w}/ids.npy", "--out", "{w}/plain_file/set"],
+        "plain_file is not a directory",
+    ),
+    (
+        "build-tmp-dir-is-a-file",
+        [
+            "fgrams",
+            "build",
+            "--token-ids",
+            "{w}/ids.npy",
+            "--tmp-dir",
+            "{w}/plain_file",
+            "--out",
+            "{tmp}/set",
+        ],
+        "--tmp-dir",
+    ),
     # fgrams dump
     ("dump-missing-set", ["fgrams", "dump", "{w}/nope"], "nope is not an f-gram set"),
     ("dump-file-as-set", ["fgrams", "dump", "{w}/plain_file"], "plain_file is not an f-gram set"),
-    ("dump-negative-limit", ["fgrams", "dump", "{w}/fgrams", "--limit", "-1"], "--limit -1 must be >= 0"),
-    ("dump-text-other-tokenizer", ["fgrams", "dump", "{w}/fgrams", "--text", "--tokenizer", "{w}/other.model"],
-     "is not the one the f-gram set was counted with"),
-    ("dump-text-unreadable-tokenizer", ["fgrams", "dump", "{w}/fgrams", "--text", "--tokenizer",
-                                        "{w}/unreadable.model"], "unreadable.model"),
+    (
+        "dump-negative-limit",
+        ["fgrams", "dump", "{w}/fgrams", "--limit", "-1"],
+        "--limit -1 must be >= 0",
+    ),
+    (
+        "dump-text-other-tokenizer",
+        ["fgrams", "dump", "{w}/fgrams", "--text", "--tokenizer", "{w}/other.model"],
+        "is not the one the f-gram set was counted with",
+    ),
+    (
+        "dump-text-unreadable-tokenizer",
+        ["fgrams", "dump", "{w}/fgrams", "--text", "--tokenizer", "{w}/unreadable.model"],
+        "unreadable.model",
+    ),
     # fgrams tag
-    ("tag-dataset-of-other-tokenizer", ["fgrams", "tag", "{w}/fgrams", "{w}/other_ds"],
-     "tokenized with tokenizer bbbbbbbbbbbb"),
-    ("tag-ids-beyond-set-vocab", ["fgrams", "tag", "{w}/fgrams", "--token-ids", "{w}/big_ids.npy",
-                                  "--out-ids", "{tmp}/i.npy", "--out-lengths", "{tmp}/l.npy"], "out of vocabulary"),
-    ("tag-out-ids-is-a-directory", ["fgrams", "tag", "{w}/fgrams", "--token-ids", "{w}/ids.npy",
-                                    "--out-ids", "{w}/a_dir", "--out-lengths", "{tmp}/l.npy"], "a_dir is a directory"),
-    ("tag-same-out-files", ["fgrams", "tag", "{w}/fgrams", "--token-ids", "{w}/ids.npy",
-                            "--out-ids", "{tmp}/x.npy", "--out-lengths", "{tmp}/x.npy"], "must be different files"),
-    ("tag-bad-input-keeps-existing-outputs", ["fgrams", "tag", "{w}/fgrams", "--token-ids", "{w}/pickled.npy",
-                                              "--out-ids", "{w}/old_ids.npy", "--out-lengths", "{w}/old_lengths.npy"],
-     "not a readable .npy array"),
+    (
+        "tag-dataset-of-other-tokenizer",
+        ["fgrams", "tag", "{w}/fgrams", "{w}/other_ds"],
+        "tokenized with tokenizer bbbbbbbbbbbb",
+    ),
+    (
+        "tag-ids-beyond-set-vocab",
+        [
+            "fgrams",
+            "tag",
+            "{w}/fgrams",
+            "--token-ids",
+            "{w}/big_ids.npy",
+            "--out-ids",
+            "{tmp}/i.npy",
+            "--out-lengths",
+            "{tmp}/l.npy",
+        ],
+        "out of vocabulary",
+    ),
+    (
+        "tag-out-ids-is-a-directory",
+        [
+            "fgrams",
+            "tag",
+            "{w}/fgrams",
+            "--token-ids",
+            "{w}/ids.npy",
+            "--out-ids",
+            "{w}/a_dir",
+            "--out-lengths",
+            "{tmp}/l.npy",
+        ],
+        "a_dir is a directory",
+    ),
+    (
+        "tag-same-out-files",
+        [
+            "fgrams",
+            "tag",
+            "{w}/fgrams",
+            "--token-ids",
+            "{w}/ids.npy",
+            "--out-ids",
+            "{tmp}/x.npy",
+            "--out-lengths",
+            "{tmp}/x.npy",
+        ],
+        "must be different files",
+    ),
+    (
+        "tag-bad-input-keeps-existing-outputs",
+        [
+            "fgrams",
+            "tag",
+            "{w}/fgrams",
+            "--token-ids",
+            "{w}/pickled.npy",
+            "--out-ids",
+            "{w}/old_ids.npy",
+            "--out-lengths",
+            "{w}/old_lengths.npy",
+        ],
+        "not a readable .npy array",
+    ),
     # fgrams stats
-    ("stats-json-below-a-file", ["fgrams", "stats", "{w}/fgrams", "--json", "{w}/plain_file/s.json"],
-     "plain_file is not a directory"),
-    ("stats-plot-is-a-directory", ["fgrams", "stats", "{w}/fgrams", "--plot", "{w}/a_dir"], "a_dir is a directory"),
+    (
+        "stats-json-below-a-file",
+        ["fgrams", "stats", "{w}/fgrams", "--json", "{w}/plain_file/s.json"],
+        "plain_file is not a directory",
+    ),
+    (
+        "stats-plot-is-a-directory",
+        ["fgrams", "stats", "{w}/fgrams", "--plot", "{w}/a_dir"],
+        "a_dir is a directory",
+    ),
     ("stats-empty-dataset", ["fgrams", "stats", "{w}/fgrams", "{w}/empty_ds"], "corpus is empty"),
-    ("stats-dataset-of-other-tokenizer", ["fgrams", "stats", "{w}/fgrams", "{w}/other_ds", "--no-progress"],
-     "tokenized with tokenizer bbbbbbbbbbbb"),
+    (
+        "stats-dataset-of-other-tokenizer",
+        ["fgrams", "stats", "{w}/fgrams", "{w}/other_ds", "--no-progress"],
+        "tokenized with tokenizer bbbbbbbbbbbb",
+    ),
     # train
     ("train-missing-config", ["train", "{w}/nope.yaml"], "nope.yaml' not found"),
     ("train-unreadable-config", ["train", "{w}/unreadable.yaml"], "unreadable.yaml"),
-    ("train-python-object-yaml", ["train", "{w}/python_object.yaml"], "could not determine a constructor"),
+    (
+        "train-python-object-yaml",
+        ["train", "{w}/python_object.yaml"],
+        "could not determine a constructor",
+    ),
     ("train-invalid-utf8-yaml", ["train", "{w}/latin1.yaml"], "not valid UTF-8"),
     ("train-yaml-not-a-mapping", ["train", "{w}/list.yaml"], "must be a mapping at the top level"),
-    ("train-wrong-type-int", [*BASELINE, "train.steps=many"], "train.steps='many' has the wrong type (expected int)"),
-    ("train-wrong-type-float", [*BASELINE, "optim.lr=fast"], "optim.lr='fast' has the wrong type (expected float)"),
+    (
+        "train-wrong-type-int",
+        [*BASELINE, "train.steps=many"],
+        "train.steps='many' has the wrong type (expected int)",
+    ),
+    (
+        "train-wrong-type-float",
+        [*BASELINE, "optim.lr=fast"],
+        "optim.lr='fast' has the wrong type (expected float)",
+    ),
     ("train-negative-steps", [*BASELINE, "train.steps=-1"], "train.steps=-1 (expected > 0)"),
     ("train-max-n-1", [*SCONE, "fgrams.max_n=1"], "fgrams.max_n=1 (expected 2..16)"),
     ("train-max-n-17", [*SCONE, "fgrams.max_n=17"], "fgrams.max_n=17 (expected 2..16)"),
     ("train-num-fgrams-0", [*SCONE, "fgrams.num_fgrams=0"], "fgrams.num_fgrams=0 (expected > 0)"),
-    ("train-tokenizer-vocab-too-small", [*BASELINE, "data.tokenizer_vocab_size=100"], "expected >= 260"),
-    ("train-model-vocab-below-dataset", [*BASELINE, "model.vocab_size=10"], "smaller than the dataset's vocabulary"),
+    (
+        "train-tokenizer-vocab-too-small",
+        [*BASELINE, "data.tokenizer_vocab_size=100"],
+        "expected >= 260",
+    ),
+    (
+        "train-model-vocab-below-dataset",
+        [*BASELINE, "model.vocab_size=10"],
+        "smaller than the dataset's vocabulary",
+    ),
     ("train-unknown-key", [*BASELINE, "train.stepz=3"], "unknown config key 'train.stepz'"),
     ("train-override-without-equals", [*BASELINE, "train.steps"], "not of the form key=value"),
-    ("train-invalid-utf8-corpus", [*FROM_CORPUS, "data.corpus=[{w}/bad_utf8.txt]"], "invalid UTF-8"),
+    (
+        "train-invalid-utf8-corpus",
+        [*FROM_CORPUS, "data.corpus=[{w}/bad_utf8.txt]"],
+        "invalid UTF-8",
+    ),
     ("train-empty-corpus", [*FROM_CORPUS, "data.corpus=[{w}/blank.txt]"], "empty corpus"),
-    ("train-garbage-tokenizer", [*FROM_CORPUS, "data.corpus=[{w}/corpus]", "data.tokenizer={w}/garbage.model"],
-     "not a valid sentencepiece model"),
-    ("train-missing-dataset", [*BASELINE, "data.dataset={w}/nope"], "nope is not a tokenized dataset"),
+    (
+        "train-garbage-tokenizer",
+        [*FROM_CORPUS, "data.corpus=[{w}/corpus]", "data.tokenizer={w}/garbage.model"],
+        "not a valid sentencepiece model",
+    ),
+    (
+        "train-missing-dataset",
+        [*BASELINE, "data.dataset={w}/nope"],
+        "nope is not a tokenized dataset",
+    ),
     ("train-empty-dataset", [*BASELINE, "data.dataset={w}/empty_ds"], "fewer than one window"),
-    ("train-fgram-set-of-other-k", [*SCONE, "fgrams.fgram_set={w}/fgrams", "fgrams.max_n=5"],
-     "has K=4, but fgrams.max_n=5"),
-    ("train-fgram-set-of-other-tokenizer", [*SCONE, "fgrams.fgram_set={w}/other_fgrams"],
-     "built with tokenizer bbbbbbbbbbbb"),
-    ("train-eval-dataset-of-other-tokenizer", [*BASELINE, "data.eval_datasets=[{w}/other_ds]"],
-     "tokenized with tokenizer bbbbbbbbbbbb"),
-    ("train-run-dir-below-a-file", [*BASELINE, "run_dir={w}/plain_file/run"], "plain_file is not a directory"),
-    ("train-run-dir-of-another-config", [*BASELINE, "run_dir={w}/run"], "holds a run with a different config"),
+    (
+        "train-fgram-set-of-other-k",
+        [*SCONE, "fgrams.fgram_set={w}/fgrams", "fgrams.max_n=5"],
+        "has K=4, but fgrams.max_n=5",
+    ),
+    (
+        "train-fgram-set-of-other-tokenizer",
+        [*SCONE, "fgrams.fgram_set={w}/other_fgrams"],
+        "built with tokenizer bbbbbbbbbbbb",
+    ),
+    (
+        "train-eval-dataset-of-other-tokenizer",
+        [*BASELINE, "data.eval_datasets=[{w}/other_ds]"],
+        "tokenized with tokenizer bbbbbbbbbbbb",
+    ),
+    (
+        "train-run-dir-below-a-file",
+        [*BASELINE, "run_dir={w}/plain_file/run"],
+        "plain_file is not a directory",
+    ),
+    (
+        "train-run-dir-of-another-config",
+        [*BASELINE, "run_dir={w}/run"],
+        "holds a run with a different config",
+    ),
     # eval
     ("eval-missing-run", ["eval", "{w}/nope"], "nope is not a run directory"),
     ("eval-file-as-run", ["eval", "{w}/plain_file"], "plain_file is not a run directory"),
-    ("eval-missing-step", ["eval", RUN, "--step", "7"], "no checkpoint at step 7 (expected one of [1, 2])"),
+    (
+        "eval-missing-step",
+        ["eval", RUN, "--step", "7"],
+        "no checkpoint at step 7 (expected one of [1, 2])",
+    ),
     ("eval-step-not-an-int", ["eval", RUN, "--step", "last"], "invalid int value: 'last'"),
     ("eval-unknown-tier", ["eval", RUN, "--tier", "gpu"], "invalid choice: 'gpu'"),
-    ("eval-missing-dataset", ["eval", RUN, "--dataset", "{w}/nope"], "nope is not a tokenized dataset"),
-    ("eval-dataset-of-other-tokenizer", ["eval", RUN, "--dataset", "{w}/other_ds"], "tokenized with tokenizer bbbbbbbbbbbb"),
-    ("eval-dataset-too-short", ["eval", RUN, "--dataset", "{w}/short_ds"], "fewer than one eval batch"),
+    (
+        "eval-missing-dataset",
+        ["eval", RUN, "--dataset", "{w}/nope"],
+        "nope is not a tokenized dataset",
+    ),
+    (
+        "eval-dataset-of-other-tokenizer",
+        ["eval", RUN, "--dataset", "{w}/other_ds"],
+        "tokenized with tokenizer bbbbbbbbbbbb",
+    ),
+    (
+        "eval-dataset-too-short",
+        ["eval", RUN, "--dataset", "{w}/short_ds"],
+        "fewer than one eval batch",
+    ),
     ("eval-missing-table", ["eval", RUN, "--table", "{w}/nope"], "not a complete f-gram table"),
-    ("eval-table-of-other-width", ["eval", RUN, "--table", "{w}/table_narrow"], "has width 16, but"),
-    ("eval-table-of-other-checkpoint", ["eval", RUN, "--table", "{w}/table_step1"], "was exported from checkpoint"),
+    (
+        "eval-table-of-other-width",
+        ["eval", RUN, "--table", "{w}/table_narrow"],
+        "has width 16, but",
+    ),
+    (
+        "eval-table-of-other-checkpoint",
+        ["eval", RUN, "--table", "{w}/table_step1"],
+        "was exported from checkpoint",
+    ),
     # export
-    ("export-missing-run", ["export", "{w}/nope", "--out", "{tmp}/table"], "nope is not a run directory"),
+    (
+        "export-missing-run",
+        ["export", "{w}/nope", "--out", "{tmp}/table"],
+        "nope is not a run directory",
+    ),
     ("export-out-is-a-table", ["export", RUN, "--out", "{w}/table"], "already exists"),
-    ("export-out-is-another-directory", ["export", RUN, "--out", "{w}/not_a_table", "--overwrite"],
-     "exists and is not an f-gram table"),
-    ("export-out-below-a-file", ["export", RUN, "--out", "{w}/plain_file/table"], "plain_file is not a directory"),
+    (
+        "export-out-is-another-directory",
+        ["export", RUN, "--out", "{w}/not_a_table", "--overwrite"],
+        "exists and is not an f-gram table",
+    ),
+    (
+        "export-out-below-a-file",
+        ["export", RUN, "--out", "{w}/plain_file/table"],
+        "plain_file is not a directory",
+    ),
     ("export-out-unknown-scheme", ["export", RUN, "--out", "ftp://host/table"], "unknown scheme"),
-    ("export-missing-step", ["export", RUN, "--out", "{tmp}/table", "--step", "9"], "no checkpoint at step 9"),
-    ("export-zero-batch-rows", ["export", RUN, "--out", "{tmp}/table", "--batch-rows", "0"], "--batch-rows=0 (expected > 0)"),
-    ("export-unknown-dtype", ["export", RUN, "--out", "{tmp}/table", "--dtype", "float64"], "invalid choice: 'float64'"),
-    ("export-backbone-out-exists", ["export", RUN, "--out", "{tmp}/table", "--backbone-out", "{w}/not_a_table"],
-     "--backbone-out"),
+    (
+        "export-missing-step",
+        ["export", RUN, "--out", "{tmp}/table", "--step", "9"],
+        "no checkpoint at step 9",
+    ),
+    (
+        "export-zero-batch-rows",
+        ["export", RUN, "--out", "{tmp}/table", "--batch-rows", "0"],
+        "--batch-rows=0 (expected > 0)",
+    ),
+    (
+        "export-unknown-dtype",
+        ["export", RUN, "--out", "{tmp}/table", "--dtype", "float64"],
+        "invalid choice: 'float64'",
+    ),
+    (
+        "export-backbone-out-exists",
+        ["export", RUN, "--out", "{tmp}/table", "--backbone-out", "{w}/not_a_table"],
+        "--backbone-out",
+    ),
     # generate
-    ("generate-no-model", ["generate", "--prompt", "the cat"], "give either RUN_DIR or --backbone DIR"),
+    (
+        "generate-no-model",
+        ["generate", "--prompt", "the cat"],
+        "give either RUN_DIR or --backbone DIR",
+    ),
     ("generate-scone-run-without-table", ["generate", RUN, "--prompt", "the cat"], "pass --table"),
-    ("generate-negative-temperature", ["generate", RUN, *TABLE, "--prompt", "the", "--temperature", "-1"],
-     "--temperature=-1.0 (expected a finite value >= 0)"),
-    ("generate-nan-temperature", ["generate", RUN, *TABLE, "--prompt", "the", "--temperature", "nan"],
-     "--temperature=nan"),
-    ("generate-top-p-above-1", ["generate", RUN, *TABLE, "--prompt", "the", "--top-p", "1.5"], "--top-p=1.5"),
-    ("generate-negative-top-k", ["generate", RUN, *TABLE, "--prompt", "the", "--top-k", "-1"], "--top-k=-1"),
-    ("generate-zero-new-tokens", ["generate", RUN, *TABLE, "--prompt", "the", "--max-new-tokens", "0"],
-     "--max-new-tokens=0"),
-    ("generate-new-tokens-not-an-int", ["generate", RUN, "--prompt", "the", "--max-new-tokens", "ten"],
-     "invalid int value: 'ten'"),
-    ("generate-beyond-max-seq-len", ["generate", RUN, *TABLE, "--prompt", "the", "--max-new-tokens", "500"],
-     "exceeds the model's max_seq_len=32"),
-    ("generate-empty-prompt", ["generate", RUN, *TABLE, "--prompt", "", "--max-new-tokens", "2"],
-     "every prompt needs at least one token"),
-    ("generate-other-tokenizer", ["generate", RUN, *TABLE, "--prompt", "the", "--tokenizer", "{w}/other.model"],
-     "is not the model's"),
-    ("generate-unreadable-tokenizer", ["generate", RUN, *TABLE, "--prompt", "the", "--tokenizer", "{w}/unreadable.model"],
-     "unreadable.model"),
-    ("generate-table-of-other-width", ["generate", RUN, "--table", "{w}/table_narrow", "--prompt", "the"],
-     "has width 16, but"),
-    ("generate-table-of-other-checkpoint", ["generate", RUN, "--table", "{w}/table_step1", "--prompt", "the"],
-     "was exported from checkpoint"),
-    ("generate-missing-backbone", ["generate", "--backbone", "{w}/nope", "--prompt", "the"],
-     "not a readable exported backbone"),
+    (
+        "generate-negative-temperature",
+        ["generate", RUN, *TABLE, "--prompt", "the", "--temperature", "-1"],
+        "--temperature=-1.0 (expected a finite value >= 0)",
+    ),
+    (
+        "generate-nan-temperature",
+        ["generate", RUN, *TABLE, "--prompt", "the", "--temperature", "nan"],
+        "--temperature=nan",
+    ),
+    (
+        "generate-top-p-above-1",
+        ["generate", RUN, *TABLE, "--prompt", "the", "--top-p", "1.5"],
+        "--top-p=1.5",
+    ),
+    (
+        "generate-negative-top-k",
+        ["generate", RUN, *TABLE, "--prompt", "the", "--top-k", "-1"],
+        "--top-k=-1",
+    ),
+    (
+        "generate-zero-new-tokens",
+        ["generate", RUN, *TABLE, "--prompt", "the", "--max-new-tokens", "0"],
+        "--max-new-tokens=0",
+    ),
+    (
+        "generate-new-tokens-not-an-int",
+        ["generate", RUN, "--prompt", "the", "--max-new-tokens", "ten"],
+        "invalid int value: 'ten'",
+    ),
+    (
+        "generate-beyond-max-seq-len",
+        ["generate", RUN, *TABLE, "--prompt", "the", "--max-new-tokens", "500"],
+        "exceeds the model's max_seq_len=32",
+    ),
+    (
+        "generate-empty-prompt",
+        ["generate", RUN, *TABLE, "--prompt", "", "--max-new-tokens", "2"],
+        "every prompt needs at least one token",
+    ),
+    (
+        "generate-other-tokenizer",
+        ["generate", RUN, *TABLE, "--prompt", "the", "--tokenizer", "{w}/other.model"],
+        "is not the model's",
+    ),
+    (
+        "generate-unreadable-tokenizer",
+        ["generate", RUN, *TABLE, "--prompt", "the", "--tokenizer", "{w}/unreadable.model"],
+        "unreadable.model",
+    ),
+    (
+        "generate-table-of-other-width",
+        ["generate", RUN, "--table", "{w}/table_narrow", "--prompt", "the"],
+        "has width 16, but",
+    ),
+    (
+        "generate-table-of-other-checkpoint",
+        ["generate", RUN, "--table", "{w}/table_step1", "--prompt", "the"],
+        "was exported from checkpoint",
+    ),
+    (
+        "generate-missing-backbone",
+        ["generate", "--backbone", "{w}/nope", "--prompt", "the"],
+        "not a readable exported backbone",
+    ),
     # demo
-    ("demo-wrong-type", ["demo", "--out", "{tmp}/demo", "train.steps=many"], "train.steps='many' has the wrong type"),
-    ("demo-unknown-key", ["demo", "--out", "{tmp}/demo", "model.famly=llama"], "unknown config key 'model.famly'"),
-    ("demo-out-below-a-file", ["demo", "--out", "{w}/plain_file/demo"], "plain_file is not a directory"),
+    (
+        "demo-wrong-type",
+        ["demo", "--out", "{tmp}/demo", "train.steps=many"],
+        "train.steps='many' has the wrong type",
+    ),
+    (
+        "demo-unknown-key",
+        ["demo", "--out", "{tmp}/demo", "model.famly=llama"],
+        "unknown config key 'model.famly'",
+    ),
+    (
+        "demo-out-below-a-file",
+        ["demo", "--out", "{w}/plain_file/demo"],
+        "plain_file is not a directory",
+    ),
 ]
 PYTHON_OBJECT_YAML = "run_dir: !!python/object/apply:os.system ['touch {sentinel}']\n"
 PACKAGE = Path(scone_jax.__file__).parent
-UNSAFE_LOADER = re.compile(r"yaml\.(unsafe_|full_)?load\(|yaml\.(Unsafe|Full)?Loader\b|allow_pickle\s*=\s*True"
-                           r"|\b(pickle|cloudpickle|dill|marshal)\.loads?\(")
+UNSAFE_LOADER = re.compile(
+    r"yaml\.(unsafe_|full_)?load\(|yaml\.(Unsafe|Full)?Loader\b|allow_pickle\s*=\s*True"
+    r"|\b(pickle|cloudpickle|dill|marshal)\.loads?\("
+)
 # run again as real processes: exit status, stderr's last line, no traceback
-SUBPROCESS_CASES = ("train-python-object-yaml", "build-pickled-token-ids", "eval-unknown-tier",
-                    "export-out-is-another-directory")
+SUBPROCESS_CASES = (
+    "train-python-object-yaml",
+    "build-pickled-token-ids",
+    "eval-unknown-tier",
+    "export-out-is-another-directory",
+)
 
 
 class Unpickled:
-    """Pickled into an object array: unpickling it creates the file `sentinel`, which no command may do."""
+    """Pickled into an object array: unpickling it creates the file `sentinel`, which no command may
+    do."""
 
     def __init__(self, sentinel: Path):
         self.sentinel = sentinel
@@ -253,12 +729,18 @@ class Unpickled:
 
 
 def export_narrow_table(run_dir: Path, out: Path, width: int) -> None:
-    """A complete table of rows narrower than the run's embeddings, as a model with a smaller d_model
-    would export (without training one): the export sees that d_model and keeps that many columns."""
+    """A complete table of rows narrower than the run's embeddings, as a model with a smaller
+    d_model would export (without training one): the export sees that d_model and keeps that many
+    columns."""
+
     def narrow_run(*args, **kwargs):
         run = real_load(*args, **kwargs)
-        return dataclasses.replace(run, cfg=dataclasses.replace(
-            run.cfg, model=dataclasses.replace(run.cfg.model, d_model=width)))
+        return dataclasses.replace(
+            run,
+            cfg=dataclasses.replace(
+                run.cfg, model=dataclasses.replace(run.cfg.model, d_model=width)
+            ),
+        )
 
     def narrow_rows_fn(*args):
         rows = real_rows_fn(*args)
@@ -291,24 +773,48 @@ def world(tmp_path_factory) -> Path:
     tokenizer = Tokenizer.train(texts, 300, out_path=w / "tokenizer.model")
     dataset = tokenize_corpus(texts, tokenizer, w / "ds", progress=False)
     Tokenizer.train(["hello world, other words entirely"] * 20, 280, out_path=w / "other.model")
-    build_fgram_set(Corpus.from_dataset(dataset), w / "fgrams", max_n=4, num_fgrams=500, min_count=2,
-                    with_stats=False, progress=False)
+    build_fgram_set(
+        Corpus.from_dataset(dataset),
+        w / "fgrams",
+        max_n=4,
+        num_fgrams=500,
+        min_count=2,
+        with_stats=False,
+        progress=False,
+    )
 
-    run_settings = tiny_overrides(w / "ds", w / "run", 2, **{"checkpoint.every": 1, "model.n_layers": 1})
-    train(load_config("tiny_scone", run_settings + FGRAM_SETTINGS + [f"fgrams.fgram_set={w / 'fgrams'}"]))
+    run_settings = tiny_overrides(
+        w / "ds", w / "run", 2, **{"checkpoint.every": 1, "model.n_layers": 1}
+    )
+    train(
+        load_config(
+            "tiny_scone", run_settings + FGRAM_SETTINGS + [f"fgrams.fgram_set={w / 'fgrams'}"]
+        )
+    )
     export_table(w / "run", str(w / "table"), progress=False)
     export_table(w / "run", str(w / "table_step1"), step=1, progress=False)
     export_narrow_table(w / "run", w / "table_narrow", width=16)
 
     docs = [np.arange(60) % 50 + 3] * 10
     other = make_dataset(w / "other_ds", docs, 300, tokenizer_sha256="b" * 64)
-    build_fgram_set(Corpus.from_dataset(other), w / "other_fgrams", max_n=4, num_fgrams=50, min_count=2,
-                    with_stats=False, progress=False)
+    build_fgram_set(
+        Corpus.from_dataset(other),
+        w / "other_fgrams",
+        max_n=4,
+        num_fgrams=50,
+        min_count=2,
+        with_stats=False,
+        progress=False,
+    )
     sha = tokenizer.sha256
     make_dataset(w / "empty_ds", [], 300, tokenizer_sha256=sha)
     make_dataset(w / "short_ds", [np.array([5, 6, 7])] * 3, 300, tokenizer_sha256=sha)
     shutil.copytree(w / "other_ds", w / "pickled_ds")
-    np.save(w / "pickled_ds" / "doc_offsets.npy", np.array([Unpickled(w / "UNPICKLED")], object), allow_pickle=True)
+    np.save(
+        w / "pickled_ds" / "doc_offsets.npy",
+        np.array([Unpickled(w / "UNPICKLED")], object),
+        allow_pickle=True,
+    )
 
     np.save(w / "pickled.npy", np.array([Unpickled(w / "UNPICKLED"), 1], object), allow_pickle=True)
     np.save(w / "ids.npy", np.arange(100) % 7)
@@ -336,7 +842,8 @@ def world(tmp_path_factory) -> Path:
     (w / "sweep_bad_value.yaml").write_text("config: tiny\npoints: {a: {train.steps: -1}}\n")
     (w / "sweep_bad_grid.yaml").write_text("config: tiny\ngrid: {fgrams.num_fgrams: 1000}\n")
     (w / "sweep_unset_variable.yaml").write_text(
-        "config: tiny\neval_corpora: {x: '${SCONE_NEVER_SET_VARIABLE}/a.txt'}\npoints: {a: {}}\n")
+        "config: tiny\neval_corpora: {x: '${SCONE_NEVER_SET_VARIABLE}/a.txt'}\npoints: {a: {}}\n"
+    )
     make_unreadable(w / "unreadable.txt", b"text\n")
     make_unreadable(w / "unreadable.model", (w / "tokenizer.model").read_bytes())
     make_unreadable(w / "unreadable.yaml", b"train: {steps: 2}\n")
@@ -352,8 +859,11 @@ def tree_state(root: Path) -> dict[str, tuple]:
         info = path.lstat()
         kind = stat.S_IFMT(info.st_mode)
         if stat.S_ISREG(info.st_mode):
-            content = (hashlib.sha256(path.read_bytes()).hexdigest() if os.access(path, os.R_OK)
-                       else (info.st_size, info.st_mtime_ns))
+            content = (
+                hashlib.sha256(path.read_bytes()).hexdigest()
+                if os.access(path, os.R_OK)
+                else (info.st_size, info.st_mtime_ns)
+            )
             state[str(path.relative_to(root))] = (kind, content)
         else:
             state[str(path.relative_to(root))] = (kind,)
@@ -371,11 +881,17 @@ def assert_one_line_error(code, stderr: str, command: str, needle: str) -> None:
     assert lines, "no error message"
     last = lines[-1]
     assert last.startswith(f"scone-jax {command}") and ": error: " in last and needle in last, last
-    assert len(lines) == 1 or lines[0].startswith("usage:"), stderr  # argparse may print its usage first
+    assert len(lines) == 1 or lines[0].startswith("usage:"), (
+        stderr
+    )  # argparse may print its usage first
 
 
-@pytest.mark.parametrize("argv, needle", [pytest.param(argv, needle, id=name) for name, argv, needle in CASES])
-def test_bad_input_is_one_line_and_writes_nothing(world, tmp_path, monkeypatch, capsys, argv, needle):
+@pytest.mark.parametrize(
+    "argv, needle", [pytest.param(argv, needle, id=name) for name, argv, needle in CASES]
+)
+def test_bad_input_is_one_line_and_writes_nothing(
+    world, tmp_path, monkeypatch, capsys, argv, needle
+):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.chdir(scratch)  # anything written relative to the working directory is seen too
@@ -401,7 +917,9 @@ def test_bad_input_in_a_real_process(world, tmp_path, name):
 
 def test_the_payloads_do_run_when_loaded_unsafely(tmp_path):
     """The control for the cases above: the same pickle and YAML payloads, loaded unsafely, run."""
-    np.save(tmp_path / "p.npy", np.array([Unpickled(tmp_path / "UNPICKLED")], object), allow_pickle=True)
+    np.save(
+        tmp_path / "p.npy", np.array([Unpickled(tmp_path / "UNPICKLED")], object), allow_pickle=True
+    )
     np.load(tmp_path / "p.npy", allow_pickle=True)
     yaml.unsafe_load(PYTHON_OBJECT_YAML.format(sentinel=tmp_path / "YAML_RAN"))
     assert (tmp_path / "UNPICKLED").exists() and (tmp_path / "YAML_RAN").exists()
@@ -409,14 +927,19 @@ def test_the_payloads_do_run_when_loaded_unsafely(tmp_path):
 
 def test_no_loader_in_the_package_can_run_code_from_a_file():
     """YAML only through safe_load, arrays never with allow_pickle=True, no pickle or marshal."""
-    offenders = [f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()}"
-                 for path in sorted(PACKAGE.rglob("*.py"))
-                 for number, line in enumerate(path.read_text().splitlines(), 1) if UNSAFE_LOADER.search(line)]
+    offenders = [
+        f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if UNSAFE_LOADER.search(line)
+    ]
     assert not offenders
 
 
 def test_every_command_and_subcommand_has_cases():
     covered = {argv[0] if argv[0] != "fgrams" else f"fgrams {argv[1]}" for _, argv, _ in CASES}
-    expected = {*COMMANDS, *(f"fgrams {sub}" for sub in ("build", "dump", "tag", "stats"))} - {"fgrams"}
+    expected = {*COMMANDS, *(f"fgrams {sub}" for sub in ("build", "dump", "tag", "stats"))} - {
+        "fgrams"
+    }
     assert expected <= covered, expected - covered
     assert len({name for name, _, _ in CASES}) == len(CASES)

@@ -50,7 +50,9 @@ def params_of(run_dir, step):
     return jax.tree.leaves(jax.device_get(load_run_params(run_dir, step).params))
 
 
-def test_a_damaged_checkpoint_is_refused_by_eval_and_skipped_by_training(scone_artifacts, tmp_path, rng, capsys):
+def test_a_damaged_checkpoint_is_refused_by_eval_and_skipped_by_training(
+    scone_artifacts, tmp_path, rng, capsys
+):
     source = scone_artifacts["run"]
     for trial in range(TRIALS):
         run = tmp_path / f"eval_{trial}"
@@ -71,13 +73,17 @@ def test_a_damaged_checkpoint_is_refused_by_eval_and_skipped_by_training(scone_a
     TALLY["damaged artifacts detected"] += 1
     TALLY["restarts survived"] += 1
     assert [p.name.split(".")[0] for p in (run / DAMAGED_DIR).iterdir()] == ["8"]
-    assert sorted(r["step"] for r in read_metrics(run)) == list(range(1, 9))  # no gaps, no duplicates
+    assert sorted(r["step"] for r in read_metrics(run)) == list(
+        range(1, 9)
+    )  # no gaps, no duplicates
     assert losses(run) == losses(source)
     for a, b in zip(params_of(run, 8), params_of(source, 8), strict=True):
         np.testing.assert_array_equal(a, b)  # retrained from step 5: bitwise the same
 
 
-def test_when_every_checkpoint_is_damaged_training_stops_and_moves_nothing(scone_artifacts, tmp_path, rng):
+def test_when_every_checkpoint_is_damaged_training_stops_and_moves_nothing(
+    scone_artifacts, tmp_path, rng
+):
     run = copy_run(scone_artifacts["run"], tmp_path / "run")
     for step in (5, 8):
         flip_byte(pick(rng, files_below(run / "checkpoints" / str(step))), rng)
@@ -110,7 +116,14 @@ def test_a_damaged_dataset_is_refused(scone_artifacts, tmp_path, rng, capsys):
         flip_byte(victim, rng)
         with pytest.raises(UserError, match=str(victim)):
             TokenizedDataset.open(dataset)
-        code = main(["train", str(run / "config.yaml"), f"data.dataset={dataset}", f"run_dir={tmp_path / 'never'}"])
+        code = main(
+            [
+                "train",
+                str(run / "config.yaml"),
+                f"data.dataset={dataset}",
+                f"run_dir={tmp_path / 'never'}",
+            ]
+        )
         assert str(victim) in one_line_error(capsys, code, "train")
         assert not (tmp_path / "never").exists()
         TALLY["damaged artifacts detected"] += 1
@@ -139,7 +152,9 @@ def test_a_damaged_table_is_refused(scone_artifacts, tmp_path, rng):
         for tier in ("host", "disk"):
             with pytest.raises(UserError) as caught:
                 opened = open_table(str(table), tier)
-                opened.gather(np.arange(opened.num_rows))  # the disk tier checks each chunk as it reads it
+                opened.gather(
+                    np.arange(opened.num_rows)
+                )  # the disk tier checks each chunk as it reads it
             message = str(caught.value)
             assert "\n" not in message and str(victim) in message, message
         TALLY["damaged artifacts detected"] += 1

@@ -16,8 +16,16 @@ from tests.reliability.faults import TALLY, faulty_cli, finish
 from tests.train.helpers import losses, read_metrics, tiny_overrides, wait_for_step
 
 pytestmark = pytest.mark.slow
-SCONE = {"fgrams.enabled": "true", "fgrams.max_n": 4, "fgrams.num_fgrams": 3000, "fgrams.min_count": 2,
-         "fgrams.n_layers": 1, "checkpoint.every": 3, "checkpoint.async_save": "true", "train.eval_every": 10}
+SCONE = {
+    "fgrams.enabled": "true",
+    "fgrams.max_n": 4,
+    "fgrams.num_fgrams": 3000,
+    "fgrams.min_count": 2,
+    "fgrams.n_layers": 1,
+    "checkpoint.every": 3,
+    "checkpoint.async_save": "true",
+    "train.eval_every": 10,
+}
 STEPS, KILLS = 40, 6
 
 
@@ -37,9 +45,13 @@ def test_sigkill_at_random_points_then_resume_is_bitwise_identical(markov_datase
     planned = np.sort(rng.choice(np.arange(2, STEPS - 20), KILLS, replace=False))
     for kill, step in enumerate(planned, 1):
         proc = faulty_cli(args(run), devices=1, compile_cache=True)
-        target = max(int(step), logged_steps(run) + 1)  # past anything logged, so the run made progress
+        target = max(
+            int(step), logged_steps(run) + 1
+        )  # past anything logged, so the run made progress
         wait_for_step(run, target, proc, timeout=300)
-        time.sleep(rng.uniform(0.0, 0.2))  # then a random instant: inside a step, an eval or an async save
+        time.sleep(
+            rng.uniform(0.0, 0.2)
+        )  # then a random instant: inside a step, an eval or an async save
         assert proc.poll() is None, f"the run finished before kill {kill}"
         proc.kill()
         proc.communicate()
@@ -56,6 +68,11 @@ def test_sigkill_at_random_points_then_resume_is_bitwise_identical(markov_datase
     assert eval_steps == list(range(10, STEPS + 1, 10))
     assert losses(run) == losses(tmp_path / "straight")
     assert not (run / DAMAGED_DIR).exists(), "a kill made a committed checkpoint fail its checksums"
-    for a, b in zip(*(jax.tree.leaves(jax.device_get(load_run_params(r).params)) for r in (run, tmp_path / "straight")),
-                    strict=True):
+    for a, b in zip(
+        *(
+            jax.tree.leaves(jax.device_get(load_run_params(r).params))
+            for r in (run, tmp_path / "straight")
+        ),
+        strict=True,
+    ):
         np.testing.assert_array_equal(a, b)

@@ -16,13 +16,27 @@ TRAIN = ["train", "tiny", "run_dir=/shared/runs/a b", "train.steps=10"]
 
 
 def run(*cmd, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(c) for c in cmd], cwd=REPO, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [str(c) for c in cmd],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_local_dry_run_prints_one_command_per_process():
-    res = run(sys.executable, LOCAL, "--devices-per-process=2", "--port=12345", "--dry-run", "3", *TRAIN,
-              env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_dump_to=/tmp/x"})
+    res = run(
+        sys.executable,
+        LOCAL,
+        "--devices-per-process=2",
+        "--port=12345",
+        "--dry-run",
+        "3",
+        *TRAIN,
+        env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_dump_to=/tmp/x"},
+    )
     assert res.returncode == 0, res.stderr
     lines = res.stdout.strip().splitlines()
     assert len(lines) == 3
@@ -32,12 +46,14 @@ def test_local_dry_run_prints_one_command_per_process():
         assert env["JAX_PLATFORMS"] == "cpu"
         assert env["XLA_FLAGS"] == "--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=2"
         assert detect(env=env) == Cluster("127.0.0.1:12345", 3, i, "SCONE_* environment")
-        assert words[len(env):] == [sys.executable, "-m", "scone_jax.cli.main", *TRAIN]
+        assert words[len(env) :] == [sys.executable, "-m", "scone_jax.cli.main", *TRAIN]
 
 
 def test_local_exits_with_the_first_failure_and_prefixes_output():
-    script = ("import os, sys; i = os.environ['SCONE_PROCESS_ID']; print('hello from', i); "
-              "sys.exit(3 if i == '1' else 0)")
+    script = (
+        "import os, sys; i = os.environ['SCONE_PROCESS_ID']; print('hello from', i); "
+        "sys.exit(3 if i == '1' else 0)"
+    )
     res = run(sys.executable, LOCAL, "--command", "2", sys.executable, "-c", script)
     assert res.returncode == 3
     assert "[p0] hello from 0" in res.stdout and "[p1] hello from 1" in res.stdout
@@ -47,45 +63,127 @@ def test_local_exits_with_the_first_failure_and_prefixes_output():
 
 
 def test_slurm_submit_dry_run_prints_sbatch_and_srun():
-    res = run(sys.executable, LAUNCH / "slurm_submit.py", "--nodes=4", "--gpus-per-node=8", "--partition=gpu",
-              "--time=12:00:00", "--requeue", "--dry-run", *TRAIN)
+    res = run(
+        sys.executable,
+        LAUNCH / "slurm_submit.py",
+        "--nodes=4",
+        "--gpus-per-node=8",
+        "--partition=gpu",
+        "--time=12:00:00",
+        "--requeue",
+        "--dry-run",
+        *TRAIN,
+    )
     assert res.returncode == 0, res.stderr
     sbatch, srun = res.stdout.strip().splitlines()
-    assert shlex.split(sbatch) == ["sbatch", "--nodes=4", "--ntasks-per-node=1", "--job-name=scone-jax",
-                                   "--gpus-per-node=8", "--partition=gpu", "--time=12:00:00", "--requeue",
-                                   str(LAUNCH / "slurm.sbatch"), *TRAIN]
+    assert shlex.split(sbatch) == [
+        "sbatch",
+        "--nodes=4",
+        "--ntasks-per-node=1",
+        "--job-name=scone-jax",
+        "--gpus-per-node=8",
+        "--partition=gpu",
+        "--time=12:00:00",
+        "--requeue",
+        str(LAUNCH / "slurm.sbatch"),
+        *TRAIN,
+    ]
     assert srun.startswith("# on the allocation: ")
     assert shlex.split(srun.removeprefix("# on the allocation: ")) == [
-        "srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "python3", "-m", "scone_jax.cli.main", *TRAIN]
+        "srun",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        "python3",
+        "-m",
+        "scone_jax.cli.main",
+        *TRAIN,
+    ]
 
 
 def test_slurm_batch_script_runs_one_task_per_node():
-    res = run("bash", LAUNCH / "slurm.sbatch", *TRAIN, env={"SCONE_DRY_RUN": "1", "SCONE_PYTHON": "/opt/py"})
+    res = run(
+        "bash",
+        LAUNCH / "slurm.sbatch",
+        *TRAIN,
+        env={"SCONE_DRY_RUN": "1", "SCONE_PYTHON": "/opt/py"},
+    )
     assert res.returncode == 0, res.stderr
-    assert shlex.split(res.stdout) == ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "/opt/py", "-m",
-                                       "scone_jax.cli.main", *TRAIN]
-    directives = [line for line in (LAUNCH / "slurm.sbatch").read_text().splitlines() if line.startswith("#SBATCH")]
+    assert shlex.split(res.stdout) == [
+        "srun",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        "/opt/py",
+        "-m",
+        "scone_jax.cli.main",
+        *TRAIN,
+    ]
+    directives = [
+        line
+        for line in (LAUNCH / "slurm.sbatch").read_text().splitlines()
+        if line.startswith("#SBATCH")
+    ]
     assert "#SBATCH --ntasks-per-node=1" in directives
 
 
 def test_tpu_vm_dry_run_prints_the_gcloud_command():
-    res = run("bash", LAUNCH / "tpu_vm.sh", "--tpu", "v5p-64", "--zone", "us-east5-a", "--project", "p",
-              "--env", "SCONE_PEER_TIMEOUT=120", "--dry-run", "--", *TRAIN)
+    res = run(
+        "bash",
+        LAUNCH / "tpu_vm.sh",
+        "--tpu",
+        "v5p-64",
+        "--zone",
+        "us-east5-a",
+        "--project",
+        "p",
+        "--env",
+        "SCONE_PEER_TIMEOUT=120",
+        "--dry-run",
+        "--",
+        *TRAIN,
+    )
     assert res.returncode == 0, res.stderr
     words = shlex.split(res.stdout)
-    assert words[:9] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "v5p-64", "--zone=us-east5-a",
-                         "--project=p", "--worker=all"]
+    assert words[:9] == [
+        "gcloud",
+        "compute",
+        "tpus",
+        "tpu-vm",
+        "ssh",
+        "v5p-64",
+        "--zone=us-east5-a",
+        "--project=p",
+        "--worker=all",
+    ]
     remote = shlex.split(words[9].removeprefix("--command="))
-    assert remote == ["cd", "~/scone_jax", "&&", "env", "SCONE_DISTRIBUTED=auto", "SCONE_PEER_TIMEOUT=120",
-                      "python3", "-m", "scone_jax.cli.main", *TRAIN]
+    assert remote == [
+        "cd",
+        "~/scone_jax",
+        "&&",
+        "env",
+        "SCONE_DISTRIBUTED=auto",
+        "SCONE_PEER_TIMEOUT=120",
+        "python3",
+        "-m",
+        "scone_jax.cli.main",
+        *TRAIN,
+    ]
     assert detect(env={"SCONE_DISTRIBUTED": "auto"}).source.startswith("jax cluster detection")
     missing = run("bash", LAUNCH / "tpu_vm.sh", "--zone", "z", "--dry-run", "--", "train", "tiny")
     assert missing.returncode == 2 and "--tpu and --zone are required" in missing.stderr
 
 
 def _jobset(*args):
-    res = run(sys.executable, LAUNCH / "k8s_jobset.py", "--name", "run1", "--image", "reg/scone:1", *args,
-              "--dry-run", *TRAIN)
+    res = run(
+        sys.executable,
+        LAUNCH / "k8s_jobset.py",
+        "--name",
+        "run1",
+        "--image",
+        "reg/scone:1",
+        *args,
+        "--dry-run",
+        *TRAIN,
+    )
     assert res.returncode == 0, res.stderr
     doc = yaml.safe_load(res.stdout)
     job = doc["spec"]["replicatedJobs"][0]["template"]["spec"]
@@ -93,27 +191,46 @@ def _jobset(*args):
 
 
 def test_k8s_jobset_for_a_gpu_pool():
-    doc, job, pod = _jobset("--hosts", "4", "--gpus-per-host", "8", "--pvc", "runs", "--peer-timeout", "90")
+    doc, job, pod = _jobset(
+        "--hosts", "4", "--gpus-per-host", "8", "--pvc", "runs", "--peer-timeout", "90"
+    )
     assert doc["kind"] == "JobSet" and doc["apiVersion"].startswith("jobset.x-k8s.io/")
-    assert doc["spec"]["failurePolicy"]["maxRestarts"] == 3  # a failed pod restarts the set; it resumes
+    assert (
+        doc["spec"]["failurePolicy"]["maxRestarts"] == 3
+    )  # a failed pod restarts the set; it resumes
     assert (job["parallelism"], job["completions"], job["completionMode"]) == (4, 4, "Indexed")
     [container] = pod["containers"]
     assert container["command"] == ["python3", "-m", "scone_jax.cli.main", *TRAIN]
-    assert container["image"] == "reg/scone:1" and container["resources"]["limits"] == {"nvidia.com/gpu": 8}
+    assert container["image"] == "reg/scone:1" and container["resources"]["limits"] == {
+        "nvidia.com/gpu": 8
+    }
     assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}
     assert container["volumeMounts"][0]["mountPath"] == "/runs"
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["SCONE_PEER_TIMEOUT"] == "90"
     for index in range(4):  # what each pod makes of it, with the index Kubernetes sets
         assert detect(env={**env, "JOB_COMPLETION_INDEX": str(index)}) == Cluster(
-            "run1-workers-0-0.run1:8476", 4, index, "Kubernetes indexed Job")
+            "run1-workers-0-0.run1:8476", 4, index, "Kubernetes indexed Job"
+        )
 
 
 def test_k8s_jobset_for_a_tpu_pool():
-    _, job, pod = _jobset("--hosts", "2", "--accelerator", "tpu", "--tpu-type", "tpu-v5p-slice",
-                          "--tpu-topology", "2x2x2", "--chips-per-host", "4")
+    _, job, pod = _jobset(
+        "--hosts",
+        "2",
+        "--accelerator",
+        "tpu",
+        "--tpu-type",
+        "tpu-v5p-slice",
+        "--tpu-topology",
+        "2x2x2",
+        "--chips-per-host",
+        "4",
+    )
     assert job["parallelism"] == 2
-    assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice",
-                                   "cloud.google.com/gke-tpu-topology": "2x2x2"}
+    assert pod["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice",
+        "cloud.google.com/gke-tpu-topology": "2x2x2",
+    }
     assert pod["containers"][0]["resources"]["limits"] == {"google.com/tpu": 4}
     assert pod["hostNetwork"] is True

@@ -13,8 +13,13 @@ from scone_jax.serve.sampling import GREEDY, Sampling, sample
 _sample_jit = jax.jit(sample, static_argnums=2)  # samples as the fused step does: compiled
 
 
-def generate_reference(engine: Engine, prompts: list[list[int]], max_new_tokens: int,
-                       sampling: Sampling = GREEDY, seed: int = 0) -> list[list[int]]:
+def generate_reference(
+    engine: Engine,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    sampling: Sampling = GREEDY,
+    seed: int = 0,
+) -> list[list[int]]:
     """The slow reference: recompute the whole sequence (no cache) for every new token."""
     key = jax.random.key(seed)
     seqs = [list(map(int, p)) for p in prompts]

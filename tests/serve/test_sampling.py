@@ -32,16 +32,25 @@ def test_greedy_is_the_argmax(rng):
     np.testing.assert_array_equal(np.asarray(got), logits.argmax(-1))
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [
-    (1.0, 0, 1.0), (0.5, 0, 1.0), (1.7, 3, 1.0), (1.0, 0, 0.6), (0.8, 4, 0.7), (1.0, 1, 1.0)])
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p",
+    [(1.0, 0, 1.0), (0.5, 0, 1.0), (1.7, 3, 1.0), (1.0, 0, 0.6), (0.8, 4, 0.7), (1.0, 1, 1.0)],
+)
 def test_sampling_draws_the_reference_distribution(temperature, top_k, top_p, rng):
     s = Sampling(temperature, top_k, top_p)
     rows, vocab, draws = 3, 7, 20000
     logits = (rng.normal(size=(rows, vocab)) * 1.5).astype(np.float32)
     want = reference_probs(logits, s)
     repeated = np.repeat(logits, draws, axis=0)  # one call: `draws` independent draws per row
-    got = np.asarray(jax.jit(sample, static_argnums=2)(repeated, jax.random.key(int(rng.integers(1 << 30))), s))
-    freq = np.stack([np.bincount(got[r * draws:(r + 1) * draws], minlength=vocab) for r in range(rows)]) / draws
+    got = np.asarray(
+        jax.jit(sample, static_argnums=2)(repeated, jax.random.key(int(rng.integers(1 << 30))), s)
+    )
+    freq = (
+        np.stack(
+            [np.bincount(got[r * draws : (r + 1) * draws], minlength=vocab) for r in range(rows)]
+        )
+        / draws
+    )
     assert np.all(freq[want == 0] == 0)  # nothing outside the kept set
     sigma = np.sqrt(want * (1 - want) / draws)
     np.testing.assert_array_less(np.abs(freq - want), 5 * sigma + 1e-9)

@@ -19,10 +19,14 @@ from tests.scone_run import train_scone_run
 from tests.serve.reference import generate_reference
 
 
-@pytest.fixture(scope="module", params=["replace", "gated"])  # add's rows are gated's without the gain
+@pytest.fixture(
+    scope="module", params=["replace", "gated"]
+)  # add's rows are gated's without the gain
 def exported(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"serve_{request.param}")
-    run_dir = train_scone_run(root, seed=int(np.random.SeedSequence().entropy % 2**31), combine=request.param)
+    run_dir = train_scone_run(
+        root, seed=int(np.random.SeedSequence().entropy % 2**31), combine=request.param
+    )
     for dtype in ("float32", "bfloat16", "int8"):
         export_table(run_dir, str(root / dtype), dtype=dtype, progress=False)
     return run_dir, root
@@ -35,7 +39,7 @@ def sample_tokens(run_dir, rng, batch=3, length=24):
 
     ds = TokenizedDataset.open(json.loads((run_dir / "run_info.json").read_text())["dataset"])
     starts = rng.integers(0, ds.num_tokens - length, batch)
-    return [np.asarray(ds.tokens[s:s + length], np.int64) for s in starts]
+    return [np.asarray(ds.tokens[s : s + length], np.int64) for s in starts]
 
 
 def test_device_host_and_disk_tiers_give_identical_logits(exported, rng):
@@ -55,7 +59,10 @@ def test_device_host_and_disk_tiers_give_identical_logits(exported, rng):
 def test_every_tier_decodes_the_same_tokens(exported, rng):
     run_dir, root = exported
     prompts = [s[: int(rng.integers(3, 12))].tolist() for s in sample_tokens(run_dir, rng)]
-    outs = [generate(engine_from_run(run_dir, str(root / "float32"), tier), prompts, 10) for tier in TIERS]
+    outs = [
+        generate(engine_from_run(run_dir, str(root / "float32"), tier), prompts, 10)
+        for tier in TIERS
+    ]
     assert outs[0] == outs[1] == outs[2]
 
 
@@ -67,17 +74,23 @@ def test_a_decode_step_adds_the_row_of_each_new_tokens_longest_match(exported, d
     for _ in range(50):  # text whose continuation has matched and unmatched tokens
         seqs = sample_tokens(run_dir, rng, batch=4, length=length)
         # the reference: each prefix tagged as one document, the f-gram at its last token
-        expected = np.array([tag_tokens(fgram_set, s, np.array([0, length]))[0][cut:] for s in seqs])
+        expected = np.array(
+            [tag_tokens(fgram_set, s, np.array([0, length]))[0][cut:] for s in seqs]
+        )
         if (expected >= 0).any() and (expected < 0).any():
             break
-    assert (expected >= 0).any() and (expected < 0).any(), "no text with both matched and unmatched tokens"
+    assert (expected >= 0).any() and (expected < 0).any(), (
+        "no text with both matched and unmatched tokens"
+    )
     for tier in TIERS:
         table = open_table(str(root / dtype), tier)
         lookup = TableLookup(table)
         step = lookup.decoder([s[:cut] for s in seqs])
         for t in range(cut, length):
             prepared = step(np.array([s[t] for s in seqs]))
-            added = np.asarray(jax.jit(lookup.add_rows)(jnp.zeros((len(seqs), 1, table.width)), prepared))[:, 0]
+            added = np.asarray(
+                jax.jit(lookup.add_rows)(jnp.zeros((len(seqs), 1, table.width)), prepared)
+            )[:, 0]
             ids = expected[:, t - cut]
             want = np.where((ids >= 0)[:, None], table.gather(np.maximum(ids, 0)), 0)
             np.testing.assert_array_equal(added, want, err_msg=f"{tier} tier, step {t}")
@@ -87,7 +100,9 @@ def test_a_decode_step_adds_the_row_of_each_new_tokens_longest_match(exported, d
 def test_disk_row_cache_returns_the_stored_rows(exported, dtype, rng):
     _, root = exported
     host = open_table(str(root / dtype), "host")
-    disk = open_table(str(root / dtype), "disk", cache_bytes=64 * 4 * host.width)  # 64 row slots: evictions
+    disk = open_table(
+        str(root / dtype), "disk", cache_bytes=64 * 4 * host.width
+    )  # 64 row slots: evictions
     for size in (1, 12, 12, 90, 1, 12):  # a decode step's few rows (a loop), or many (whole arrays)
         ids = rng.integers(0, min(host.num_rows, 200), size)
         ids = np.concatenate([ids, ids[:4]])  # repeats within a call too
@@ -100,14 +115,23 @@ def test_table_perplexity_equals_the_live_fgram_model(exported, capsys):
     table = evaluate_run(run_dir, table=str(root / "float32"))["results"]["heldout"]["perplexity"]
     assert abs(table - live) / live < 1e-4
     for dtype in ("bfloat16", "int8"):  # measured and reported, not required to match
-        other = evaluate_run(run_dir, table=str(root / dtype), tier="disk")["results"]["heldout"]["perplexity"]
+        other = evaluate_run(run_dir, table=str(root / dtype), tier="disk")["results"]["heldout"][
+            "perplexity"
+        ]
         with capsys.disabled():
-            print(f"\nperplexity live {live:.4f}, {dtype} table {other:.4f} ({(other - live) / live:+.2e} relative)")
+            print(
+                "\n"
+                f"perplexity live {live:.4f}, {dtype} table {other:.4f} "
+                f"({(other - live) / live:+.2e} relative)"
+            )
         assert abs(other - live) / live < 0.05
 
 
-@pytest.mark.parametrize("sampling", [Sampling(), Sampling(temperature=0.9, top_k=20, top_p=0.9)],
-                         ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    "sampling",
+    [Sampling(), Sampling(temperature=0.9, top_k=20, top_p=0.9)],
+    ids=["greedy", "sampled"],
+)
 def test_kv_cache_generation_equals_full_recompute(exported, rng, sampling):
     run_dir, root = exported
     engine = engine_from_run(run_dir, str(root / "float32"), "host")
@@ -118,7 +142,7 @@ def test_kv_cache_generation_equals_full_recompute(exported, rng, sampling):
     assert generate(engine, prompts, 10, sampling, seed=5) == fast  # a fixed seed, a fixed output
     # an end-of-sequence id ends its row (kept) and, once every row has it, the whole batch
     eos = fast[0][int(rng.integers(0, 10))]
-    cut = [row[:row.index(eos) + 1] if eos in row else row for row in fast]
+    cut = [row[: row.index(eos) + 1] if eos in row else row for row in fast]
     assert generate(engine, prompts, 10, sampling, seed=5, eos_id=eos) == cut
     steps = decode_steps(engine, prompts, 10, sampling, seed=5)
     assert [next(steps).tolist() for _ in range(3)] == [[row[i] for row in fast] for i in range(3)]
@@ -134,6 +158,9 @@ def test_exported_backbone_serves_like_the_checkpoint(exported, rng):
     b = engine_from_export(root / "backbone", str(root / "float32"))
     ids = prompt_fgram_ids(a, seqs, tokens.shape[1])
     # the checkpoint's params are sharded over 8 devices, the export's live on one: float noise only
-    np.testing.assert_allclose(np.asarray(a.logits(tokens, ids)), np.asarray(b.logits(tokens, ids)), atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(a.logits(tokens, ids)), np.asarray(b.logits(tokens, ids)), atol=1e-5
+    )
     assert (root / "backbone" / "params.npz").is_file() and not any(
-        k.startswith("fgram") for k in np.load(root / "backbone" / "params.npz").files)
+        k.startswith("fgram") for k in np.load(root / "backbone" / "params.npz").files
+    )

@@ -18,9 +18,12 @@ from scone_jax.train.state import setup_train_state
 GOLDEN = Path(__file__).with_name("golden_param_specs.json")
 GOLDEN_MODELS = {
     "gpt2": ModelConfig(family="gpt2", d_model=64, n_layers=2, n_heads=4, max_seq_len=32),
-    "llama": ModelConfig(family="llama", d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=32),
-    "gpt2_untied": ModelConfig(family="gpt2", d_model=64, n_layers=1, n_heads=4, max_seq_len=32,
-                               tie_embeddings=False),
+    "llama": ModelConfig(
+        family="llama", d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=32
+    ),
+    "gpt2_untied": ModelConfig(
+        family="gpt2", d_model=64, n_layers=1, n_heads=4, max_seq_len=32, tie_embeddings=False
+    ),
 }
 
 
@@ -63,12 +66,16 @@ def test_every_param_has_logical_axes_and_optimizer_follows():
 
 def test_rules_override_reshards_without_touching_the_model():
     mesh = make_mesh(2, 2, 2)
-    _, specs = param_specs(GOLDEN_MODELS["gpt2"], mesh, make_rules({"mlp": None, "embed": ["fsdp", "data"]}))
+    _, specs = param_specs(
+        GOLDEN_MODELS["gpt2"], mesh, make_rules({"mlp": None, "embed": ["fsdp", "data"]})
+    )
     assert specs["blocks/0/mlp/w_in"] == str(P(("fsdp", "data"), None))
 
 
 def test_logical_to_spec_uses_each_mesh_axis_once():
-    assert logical_to_spec(("batch", "seq", "embed"), DEFAULT_RULES) == P(("data", "fsdp"), None, None)
+    assert logical_to_spec(("batch", "seq", "embed"), DEFAULT_RULES) == P(
+        ("data", "fsdp"), None, None
+    )
     assert logical_to_spec(("embed", "mlp"), DEFAULT_RULES) == P("fsdp", "tensor")
 
 
@@ -78,8 +85,10 @@ def test_fit_spec_drops_axes_that_do_not_divide():
     assert fit_spec(P(("data", "fsdp")), (6,), mesh) == P("data")
 
 
-@pytest.mark.parametrize("rules, needle", [({"nope": None}, "unknown logical axis"),
-                                           ({"mlp": "model"}, "unknown mesh axis")])
+@pytest.mark.parametrize(
+    "rules, needle",
+    [({"nope": None}, "unknown logical axis"), ({"mlp": "model"}, "unknown mesh axis")],
+)
 def test_bad_rules(rules, needle):
     with pytest.raises(UserError, match=needle):
         make_rules(rules)
@@ -103,14 +112,30 @@ def test_one_rules_table_shards_both_models_and_the_fgram_layout_is_a_config_cha
     tx, _ = make_optimizer(OptimConfig(), 10)
 
     def specs(*overrides):
-        cfg = load_config("tiny_scone", ["fgrams.d_model=64", *overrides])  # narrower: projections too
+        cfg = load_config(
+            "tiny_scone", ["fgrams.d_model=64", *overrides]
+        )  # narrower: projections too
         build = lambda r: SconeModel(cfg.model, cfg.fgrams, 128, rngs=r)  # noqa: E731
-        return flat_specs(setup_train_state(build, tx, 0, mesh, make_rules(cfg.mesh.rules)).shardings["params"])
+        return flat_specs(
+            setup_train_state(build, tx, 0, mesh, make_rules(cfg.mesh.rules)).shardings["params"]
+        )
 
     default, changed = specs(), specs("mesh.rules={fgram/mlp: null, fgram/embed: [data, fsdp]}")
-    assert {"fgram/proj_in", "fgram/proj_out", "fgram/pos_embed", "fgram/blocks/1/mlp/w_out"} <= set(default)
-    assert default["fgram/blocks/0/mlp/w_in"] == default["backbone/blocks/0/mlp/w_in"] == str(P("fsdp", "tensor"))
+    assert {
+        "fgram/proj_in",
+        "fgram/proj_out",
+        "fgram/pos_embed",
+        "fgram/blocks/1/mlp/w_out",
+    } <= set(default)
+    assert (
+        default["fgram/blocks/0/mlp/w_in"]
+        == default["backbone/blocks/0/mlp/w_in"]
+        == str(P("fsdp", "tensor"))
+    )
     assert changed["fgram/blocks/0/mlp/w_in"] == str(P(("data", "fsdp"), None))
-    assert changed["fgram/blocks/1/attn/wq"] == str(P(("data", "fsdp"), None, None))  # 1 head: not split
-    assert {n: s for n, s in changed.items() if n.startswith("backbone/")} == \
-           {n: s for n, s in default.items() if n.startswith("backbone/")}
+    assert changed["fgram/blocks/1/attn/wq"] == str(
+        P(("data", "fsdp"), None, None)
+    )  # 1 head: not split
+    assert {n: s for n, s in changed.items() if n.startswith("backbone/")} == {
+        n: s for n, s in default.items() if n.startswith("backbone/")
+    }

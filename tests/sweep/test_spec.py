@@ -49,17 +49,26 @@ def test_shipped_sweep_expands_to_its_points(path, tmp_path):
         cfg = pp.config
         cfg.validate()
         assert Path(cfg.run_dir) == tmp_path / "sw" / "points" / pp.point.name
-        for key, value in expected[pp.point.name].items():  # each override reached the resolved config
+        for key, value in expected[
+            pp.point.name
+        ].items():  # each override reached the resolved config
             section, field = key.split(".")
             assert getattr(getattr(cfg, section), field) == value, (pp.point.name, key)
         baselines += not cfg.fgrams.enabled
         if cfg.fgrams.enabled:  # every SCONE point reads a shared f-gram set prepared by the sweep
-            assert Path(cfg.fgrams.fgram_set).parent == tmp_path / "sw" / "data" / Path(cfg.data.dataset).parent.name / "fgrams"
+            assert (
+                Path(cfg.fgrams.fgram_set).parent
+                == tmp_path / "sw" / "data" / Path(cfg.data.dataset).parent.name / "fgrams"
+            )
         assert [Path(p).name for p in cfg.data.eval_datasets] == list(raw["eval_corpora"])
     # the same backbone and the one with twice the non-embedding parameters
-    depths = sorted({pp.config.model.n_layers for pp in plan.points if not pp.config.fgrams.enabled})
+    depths = sorted(
+        {pp.config.model.n_layers for pp in plan.points if not pp.config.fgrams.enabled}
+    )
     assert baselines >= 2 and depths == [depths[0], 2 * depths[0]]
-    assert all(pp.config.model.n_layers == depths[0] for pp in plan.points if pp.config.fgrams.enabled)
+    assert all(
+        pp.config.model.n_layers == depths[0] for pp in plan.points if pp.config.fgrams.enabled
+    )
     train = [s for s in plan.steps if s.kind == "train"]
     assert len(train) == len(expected) and all(s.argv[0] == "train" for s in train)
     assert {s.kind for s in plan.steps[: len(plan.steps) - len(train)]} <= {"tokenize", "fgrams"}
@@ -69,8 +78,21 @@ def test_shipped_sweep_expands_to_its_points(path, tmp_path):
 def test_dry_run_prints_every_command_and_writes_nothing(launcher, tmp_path, capsys):
     path = PRESET_DIR / "sweeps" / "cpu_num_fgrams.yaml"
     out = tmp_path / "sw"
-    assert main(["sweep", str(path), "--dry-run", "--out", str(out), "--launcher", launcher,
-                 "--launcher-args=--nodes 2" if launcher == "slurm" else "--launcher-args="]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                str(path),
+                "--dry-run",
+                "--out",
+                str(out),
+                "--launcher",
+                launcher,
+                "--launcher-args=--nodes 2" if launcher == "slurm" else "--launcher-args=",
+            ]
+        )
+        == 0
+    )
     assert not out.exists()
     lines = [ln for ln in capsys.readouterr().out.splitlines() if not ln.startswith("#")]
     plan = plan_sweep(load_sweep(path), out)
@@ -80,14 +102,21 @@ def test_dry_run_prints_every_command_and_writes_nothing(launcher, tmp_path, cap
         if step.kind != "train" or launcher == "local":
             assert line.startswith("scone-jax " + step.argv[0])
         else:
-            script = {"slurm": "slurm_submit.py", "tpu": "tpu_vm.sh", "k8s": "k8s_jobset.py"}[launcher]
+            script = {"slurm": "slurm_submit.py", "tpu": "tpu_vm.sh", "k8s": "k8s_jobset.py"}[
+                launcher
+            ]
             assert line.split()[0].endswith(f"launch/{script}")
             assert f"run_dir={out}/points/{step.point}" in line
 
 
-@pytest.mark.parametrize("launcher,extra", [("slurm", ["--nodes", "2"]),
-                                            ("k8s", ["--image", "img", "--hosts", "2"]),
-                                            ("tpu", ["--tpu", "t1", "--zone", "z"])])
+@pytest.mark.parametrize(
+    "launcher,extra",
+    [
+        ("slurm", ["--nodes", "2"]),
+        ("k8s", ["--image", "img", "--hosts", "2"]),
+        ("tpu", ["--tpu", "t1", "--zone", "z"]),
+    ],
+)
 def test_launcher_commands_are_accepted_by_the_launch_scripts(launcher, extra, tmp_path):
     from scone_jax.sweep.runner import launcher_command
 
@@ -102,9 +131,20 @@ def test_launcher_commands_are_accepted_by_the_launch_scripts(launcher, extra, t
 
 
 def test_format_value_round_trips_through_overrides(rng):
-    values = [int(rng.integers(-10**9, 10**9)), float(rng.normal()) * 10 ** int(rng.integers(-8, 8)), True,
-              "0.5x", "a: b", "run dir/with space", "${x}", "", ["a.txt", "b c/*.txt"], {"mlp": None}, 3e-4,
-              [int(v) for v in rng.integers(0, 100, 3)]]
+    values = [
+        int(rng.integers(-(10**9), 10**9)),
+        float(rng.normal()) * 10 ** int(rng.integers(-8, 8)),
+        True,
+        "0.5x",
+        "a: b",
+        "run dir/with space",
+        "${x}",
+        "",
+        ["a.txt", "b c/*.txt"],
+        {"mlp": None},
+        3e-4,
+        [int(v) for v in rng.integers(0, 100, 3)],
+    ]
     for value in values:
         assert parse_overrides([f"k={format_value(value)}"])["k"] == value, value
 
@@ -115,18 +155,26 @@ def _write(tmp_path, text: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("text,message", [
-    ("config: tiny\ngrid: {fgrams.num_fgrams: [1, 2]}\nbogus: 1\n", "unknown key"),
-    ("grid: {fgrams.num_fgrams: [1, 2]}\n", "missing 'config'"),
-    ("config: tiny\n", "no points"),
-    ("config: tiny\ngrid: {fgrams.num_fgrams: []}\n", "non-empty list"),
-    ("config: tiny\npoints: {a/b: {}}\n", "invalid"),
-    ("config: tiny\npoints: {num_fgrams-1: {}}\ngrid: {fgrams.num_fgrams: [1]}\n", "repeated"),
-    ("config: tiny\neval_corpora: {x: '${SCONE_TEST_UNSET_VARIABLE}/a.txt'}\npoints: {a: {}}\n", "SCONE_TEST_UNSET_VARIABLE"),
-    ("config: no_such_preset\npoints: {a: {}}\n", "no_such_preset"),
-    ("config: tiny\npoints: {a: {train.steps: -1}}\n", "train.steps=-1"),
-    ("config: tiny\npoints: !!python/object:os.system {}\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("config: tiny\ngrid: {fgrams.num_fgrams: [1, 2]}\nbogus: 1\n", "unknown key"),
+        ("grid: {fgrams.num_fgrams: [1, 2]}\n", "missing 'config'"),
+        ("config: tiny\n", "no points"),
+        ("config: tiny\ngrid: {fgrams.num_fgrams: []}\n", "non-empty list"),
+        ("config: tiny\npoints: {a/b: {}}\n", "invalid"),
+        ("config: tiny\npoints: {num_fgrams-1: {}}\ngrid: {fgrams.num_fgrams: [1]}\n", "repeated"),
+        (
+            "config: tiny\n"
+            "eval_corpora: {x: '${SCONE_TEST_UNSET_VARIABLE}/a.txt'}\n"
+            "points: {a: {}}\n",
+            "SCONE_TEST_UNSET_VARIABLE",
+        ),
+        ("config: no_such_preset\npoints: {a: {}}\n", "no_such_preset"),
+        ("config: tiny\npoints: {a: {train.steps: -1}}\n", "train.steps=-1"),
+        ("config: tiny\npoints: !!python/object:os.system {}\n", "not valid YAML"),
+    ],
+)
 def test_bad_sweep_files_are_one_line_errors(tmp_path, text, message, monkeypatch):
     monkeypatch.delenv("SCONE_TEST_UNSET_VARIABLE", raising=False)
     with pytest.raises(UserError, match=message.replace("$", r"\$")) as e:
@@ -153,29 +201,55 @@ def test_changed_point_config_is_refused_before_anything_runs(tmp_path):
 def test_grid_is_the_full_cartesian_product(tmp_path, rng):
     sizes = [f"{x}x" for x in sorted(set(rng.choice([0.5, 1, 2, 3], 3).tolist()))]
     counts = sorted({int(v) for v in rng.integers(10, 10**6, 3)})
-    text = yaml.safe_dump({"config": "tiny_scone", "grid": {"fgrams.num_fgrams": counts, "fgrams.model_size": sizes}})
+    text = yaml.safe_dump(
+        {"config": "tiny_scone", "grid": {"fgrams.num_fgrams": counts, "fgrams.model_size": sizes}}
+    )
     plan = plan_sweep(load_sweep(_write(tmp_path, text)), tmp_path / "out")
     got = {(pp.config.fgrams.num_fgrams, pp.config.fgrams.model_size) for pp in plan.points}
     assert got == set(itertools.product(counts, sizes)) and len(plan.points) == len(got)
-    assert len({s.output for s in plan.steps if s.kind == "fgrams"}) == len(counts)  # shared across sizes
+    assert len({s.output for s in plan.steps if s.kind == "fgrams"}) == len(
+        counts
+    )  # shared across sizes
     assert np.all([s.kind == "tokenize" for s in plan.steps[:1]])
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--heldout-fraction", "1.5"], "--heldout-fraction 1.5 (expected 0 < F < 1)"),
-    (["--heldout-fraction", "-0.1"], "--heldout-fraction -0.1 (expected 0 < F < 1)"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--heldout-fraction", "1.5"], "--heldout-fraction 1.5 (expected 0 < F < 1)"),
+        (["--heldout-fraction", "-0.1"], "--heldout-fraction -0.1 (expected 0 < F < 1)"),
+    ],
+)
 def test_fgrams_build_heldout_fraction_errors(markov_dataset, tmp_path, capsys, args, message):
     out = tmp_path / "fg"
-    assert main(["fgrams", "build", str(markov_dataset.path), "--out", str(out), "--no-progress", *args]) == 2
+    assert (
+        main(
+            ["fgrams", "build", str(markov_dataset.path), "--out", str(out), "--no-progress", *args]
+        )
+        == 2
+    )
     assert message in capsys.readouterr().err and not out.exists()
 
 
 def test_fgrams_build_heldout_fraction_needs_a_dataset(tmp_path, capsys):
     ids = tmp_path / "ids.npy"
     np.save(ids, np.arange(100) % 7)
-    assert main(["fgrams", "build", "--token-ids", str(ids), "--heldout-fraction", "0.1",
-                 "--out", str(tmp_path / "fg"), "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "fgrams",
+                "build",
+                "--token-ids",
+                str(ids),
+                "--heldout-fraction",
+                "0.1",
+                "--out",
+                str(tmp_path / "fg"),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     assert "--heldout-fraction needs a tokenized DATASET" in capsys.readouterr().err
 
 
@@ -185,14 +259,20 @@ def test_report_of_an_unstarted_sweep_lists_points_as_incomplete_or_missing(tmp_
 
     from scone_jax.sweep.report import write_report
 
-    path = _write(tmp_path, "config: tiny_scone\npoints: {base: {fgrams.enabled: false}}\n"
-                            "grid: {fgrams.num_fgrams: [10, 20]}\n")
+    path = _write(
+        tmp_path,
+        "config: tiny_scone\npoints: {base: {fgrams.enabled: false}}\n"
+        "grid: {fgrams.num_fgrams: [10, 20]}\n",
+    )
     plan = plan_sweep(load_sweep(path), tmp_path / "out")
     plan.write()
     shutil.rmtree(tmp_path / "out" / "points" / "num_fgrams-20")
     report = write_report(tmp_path / "out")
     rows = list(csv.DictReader((report / "results.csv").open()))
-    assert [(r["point"], r["status"]) for r in rows] == [("base", "incomplete"), ("num_fgrams-10", "incomplete"),
-                                                         ("num_fgrams-20", "missing")]
+    assert [(r["point"], r["status"]) for r in rows] == [
+        ("base", "incomplete"),
+        ("num_fgrams-10", "incomplete"),
+        ("num_fgrams-20", "missing"),
+    ]
     assert "| num_fgrams-20 | missing |" in (report / "results.md").read_text()
     assert not list(report.glob("*.png"))  # nothing finished: nothing to plot

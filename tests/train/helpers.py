@@ -14,11 +14,25 @@ REPO = Path(__file__).resolve().parents[2]
 
 def tiny_overrides(dataset: Path, run_dir: Path, steps: int = 20, **extra) -> list[str]:
     base = {
-        "run_dir": str(run_dir), "data.dataset": str(dataset), "model.d_model": 32, "model.n_layers": 2,
-        "model.n_heads": 2, "model.max_seq_len": 32, "data.seq_len": 32, "data.eval_fraction": 0.1,
-        "train.batch_size": 8, "train.steps": steps, "train.log_every": 5, "train.eval_every": 0,
-        "train.eval_batches": 2, "logging.progress": "false", "logging.tensorboard": "false",
-        "optim.warmup_steps": 2, "optim.lr": 0.01, "checkpoint.every": 5, "checkpoint.async_save": "false",
+        "run_dir": str(run_dir),
+        "data.dataset": str(dataset),
+        "model.d_model": 32,
+        "model.n_layers": 2,
+        "model.n_heads": 2,
+        "model.max_seq_len": 32,
+        "data.seq_len": 32,
+        "data.eval_fraction": 0.1,
+        "train.batch_size": 8,
+        "train.steps": steps,
+        "train.log_every": 5,
+        "train.eval_every": 0,
+        "train.eval_batches": 2,
+        "logging.progress": "false",
+        "logging.tensorboard": "false",
+        "optim.warmup_steps": 2,
+        "optim.lr": 0.01,
+        "checkpoint.every": 5,
+        "checkpoint.async_save": "false",
     }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
@@ -35,10 +49,21 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 def cli(args: list[str], devices: int = 8, **kwargs) -> subprocess.Popen:
     """Start `scone-jax ARGS` in a fresh process with `devices` fake CPU devices."""
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-           "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "scone_jax.cli.main", *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    env = {
+        **os.environ,
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONUNBUFFERED": "1",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "scone_jax.cli.main", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
 
 
 def cli_run(args: list[str], devices: int = 8, timeout: float = 300) -> subprocess.CompletedProcess:

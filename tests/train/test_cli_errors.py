@@ -19,8 +19,18 @@ def bad_utf8(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("case", ["missing_corpus", "empty_corpus", "invalid_utf8", "unknown_key",
-                                  "wrong_type", "mesh_does_not_fit", "batch_does_not_split"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing_corpus",
+        "empty_corpus",
+        "invalid_utf8",
+        "unknown_key",
+        "wrong_type",
+        "mesh_does_not_fit",
+        "batch_does_not_split",
+    ],
+)
 def test_bad_input_is_one_line_and_leaves_nothing(case, tmp_path, bad_utf8, markov_dataset):
     run_dir = tmp_path / "run"
     empty = tmp_path / "empty.txt"
@@ -34,7 +44,10 @@ def test_bad_input_is_one_line_and_leaves_nothing(case, tmp_path, bad_utf8, mark
         "unknown_key": (base + ["train.stepz=3"], "train.stepz"),
         "wrong_type": (base + ["train.batch_size=many"], "train.batch_size='many'"),
         "mesh_does_not_fit": (base + ["mesh.data=3"], "mesh data=3"),
-        "batch_does_not_split": (base + ["train.batch_size=4", "mesh.data=8"], "train.batch_size=4"),
+        "batch_does_not_split": (
+            base + ["train.batch_size=4", "mesh.data=8"],
+            "train.batch_size=4",
+        ),
     }[case]
     res = cli_run(["train", "tiny", *args])
     assert_one_line_error(res, needle)
@@ -46,7 +59,9 @@ def test_existing_run_is_never_overwritten_by_another_config(tmp_path, markov_da
     ok = cli_run(["train", "tiny", *tiny_overrides(markov_dataset.path, run_dir, 2)])
     assert ok.returncode == 0, ok.stderr[-2000:]
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
-    res = cli_run(["train", "tiny", *tiny_overrides(markov_dataset.path, run_dir, 2), "model.n_layers=3"])
+    res = cli_run(
+        ["train", "tiny", *tiny_overrides(markov_dataset.path, run_dir, 2), "model.n_layers=3"]
+    )
     assert_one_line_error(res, "model.n_layers")
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
     other = tmp_path / "not_a_run"

@@ -24,21 +24,37 @@ def closed_form_lr(cfg: OptimConfig, total: int, step: int) -> float:
 
 @pytest.mark.parametrize("warmup, total", [(0, 30), (5, 40), (20, 20), (50, 10), (3, 1)])
 def test_lr_schedule_is_linear_warmup_then_cosine_to_the_floor(warmup, total, rng):
-    cfg = OptimConfig(lr=float(rng.uniform(1e-4, 1e-2)), warmup_steps=warmup,
-                      min_lr_ratio=float(rng.uniform(0, 0.5)))
+    cfg = OptimConfig(
+        lr=float(rng.uniform(1e-4, 1e-2)),
+        warmup_steps=warmup,
+        min_lr_ratio=float(rng.uniform(0, 0.5)),
+    )
     schedule = lr_schedule(cfg, total)
     for step in range(total + 3):
-        np.testing.assert_allclose(float(schedule(step)), closed_form_lr(cfg, total, step), rtol=1e-5, atol=1e-12)
-    assert math.isclose(float(schedule(total)), cfg.lr * cfg.min_lr_ratio, rel_tol=1e-5, abs_tol=1e-12)
+        np.testing.assert_allclose(
+            float(schedule(step)), closed_form_lr(cfg, total, step), rtol=1e-5, atol=1e-12
+        )
+    assert math.isclose(
+        float(schedule(total)), cfg.lr * cfg.min_lr_ratio, rel_tol=1e-5, abs_tol=1e-12
+    )
     if 0 < warmup < total:
-        assert float(schedule(0)) == 0 and math.isclose(float(schedule(warmup)), cfg.lr, rel_tol=1e-6)
+        assert float(schedule(0)) == 0 and math.isclose(
+            float(schedule(warmup)), cfg.lr, rel_tol=1e-6
+        )
 
 
 def test_first_adamw_update_decays_matrices_but_not_biases_or_norm_scales(rng):
-    cfg = OptimConfig(lr=float(rng.uniform(1e-3, 1e-2)), warmup_steps=0, weight_decay=float(rng.uniform(0.05, 0.5)),
-                      grad_clip=0.0)
-    params = {"embed": rng.normal(size=(5, 3)), "mlp": {"w": rng.normal(size=(3, 4)), "b": rng.normal(size=4)},
-              "norm": {"scale": rng.normal(size=3)}}
+    cfg = OptimConfig(
+        lr=float(rng.uniform(1e-3, 1e-2)),
+        warmup_steps=0,
+        weight_decay=float(rng.uniform(0.05, 0.5)),
+        grad_clip=0.0,
+    )
+    params = {
+        "embed": rng.normal(size=(5, 3)),
+        "mlp": {"w": rng.normal(size=(3, 4)), "b": rng.normal(size=4)},
+        "norm": {"scale": rng.normal(size=3)},
+    }
     params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
     grads = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), jnp.float32), params)
     tx, schedule = make_optimizer(cfg, total_steps=100)
@@ -51,5 +67,9 @@ def test_first_adamw_update_decays_matrices_but_not_biases_or_norm_scales(rng):
         decay = cfg.weight_decay * p if p.ndim >= 2 else 0.0
         return -lr * (g / (np.abs(g) + cfg.eps) + decay)
 
-    for got, want in zip(jax.tree.leaves(updates), jax.tree.leaves(jax.tree.map(expected, params, grads)), strict=True):
+    for got, want in zip(
+        jax.tree.leaves(updates),
+        jax.tree.leaves(jax.tree.map(expected, params, grads)),
+        strict=True,
+    ):
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-7)

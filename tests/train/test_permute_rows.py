@@ -19,10 +19,13 @@ def test_permuted_rows_are_another_fgrams_with_the_same_tags(markov_dataset, tmp
     made = {}
     for permute in (False, True):
         cfg = FgramConfig(enabled=True, max_n=4, num_fgrams=500, min_count=2, permute_rows=permute)
-        made[permute] = prepare_fgram_inputs(cfg, markov_dataset, train_ids, tmp_path / "run", 64, groups=1,
-                                             progress=False).batcher
+        made[permute] = prepare_fgram_inputs(
+            cfg, markov_dataset, train_ids, tmp_path / "run", 64, groups=1, progress=False
+        ).batcher
     plain, permuted = made[False], made[True]
-    np.testing.assert_array_equal(plain.tag_ids, permuted.tag_ids)  # the same positions match the same ids
+    np.testing.assert_array_equal(
+        plain.tag_ids, permuted.tag_ids
+    )  # the same positions match the same ids
     rows = lambda b: [tuple(t[:n]) for t, n in zip(b.fgram_tokens, b.fgram_lengths, strict=True)]  # noqa: E731
     a, b = rows(plain), rows(permuted)
     assert sorted(a) == sorted(b)  # the same f-grams, as many rows
@@ -32,9 +35,21 @@ def test_permuted_rows_are_another_fgrams_with_the_same_tags(markov_dataset, tmp
 
 def test_a_control_run_trains_and_is_not_exported(markov_dataset, tmp_path):
     run_dir = tmp_path / "run"
-    cfg = load_config("tiny_scone", tiny_overrides(markov_dataset.path, run_dir, 3, **{
-        "fgrams.max_n": 4, "fgrams.num_fgrams": 500, "fgrams.min_count": 2, "fgrams.n_layers": 1,
-        "fgrams.permute_rows": "true"}))
+    cfg = load_config(
+        "tiny_scone",
+        tiny_overrides(
+            markov_dataset.path,
+            run_dir,
+            3,
+            **{
+                "fgrams.max_n": 4,
+                "fgrams.num_fgrams": 500,
+                "fgrams.min_count": 2,
+                "fgrams.n_layers": 1,
+                "fgrams.permute_rows": "true",
+            },
+        ),
+    )
     assert train(cfg)["end_step"] == 3
     with pytest.raises(UserError, match="permute_rows"):
         export_table(run_dir, str(tmp_path / "table"), progress=False)

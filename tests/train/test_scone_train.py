@@ -11,37 +11,88 @@ from scone_jax.config import load_config
 from scone_jax.train.loop import train
 from tests.train.helpers import cli, cli_run, losses, read_metrics, tiny_overrides, wait_for_step
 
-SCONE = {"fgrams.enabled": "true", "fgrams.max_n": 4, "fgrams.num_fgrams": 3000, "fgrams.min_count": 2,
-         "fgrams.n_layers": 1}
+SCONE = {
+    "fgrams.enabled": "true",
+    "fgrams.max_n": 4,
+    "fgrams.num_fgrams": 3000,
+    "fgrams.min_count": 2,
+    "fgrams.n_layers": 1,
+}
 
 
 def scone_overrides(dataset, run_dir, steps, **extra):
     return tiny_overrides(dataset, run_dir, steps, **{**SCONE, **extra})
 
 
-@pytest.mark.parametrize("combine, fgram_rules", [  # the second with its own layout for the f-gram model
-    ("replace", {}), ("gated", {"mesh.rules": "{fgram/mlp: null, fgram/heads: null, fgram/embed: [fsdp, data]}"})])
-def test_one_device_equals_eight_and_the_modes_train(markov_dataset, tmp_path, combine, fgram_rules):
-    one = cli_run(["train", "tiny", *scone_overrides(markov_dataset.path, tmp_path / "one", 16,
-                                                     **{"fgrams.combine": combine})], devices=1)
+@pytest.mark.parametrize(
+    "combine, fgram_rules",
+    [  # the second with its own layout for the f-gram model
+        ("replace", {}),
+        (
+            "gated",
+            {"mesh.rules": "{fgram/mlp: null, fgram/heads: null, fgram/embed: [fsdp, data]}"},
+        ),
+    ],
+)
+def test_one_device_equals_eight_and_the_modes_train(
+    markov_dataset, tmp_path, combine, fgram_rules
+):
+    one = cli_run(
+        [
+            "train",
+            "tiny",
+            *scone_overrides(
+                markov_dataset.path, tmp_path / "one", 16, **{"fgrams.combine": combine}
+            ),
+        ],
+        devices=1,
+    )
     assert one.returncode == 0, one.stderr[-2000:]
-    train(load_config("tiny", scone_overrides(markov_dataset.path, tmp_path / "eight", 16, **{
-        "fgrams.combine": combine, "mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, **fgram_rules})))
+    train(
+        load_config(
+            "tiny",
+            scone_overrides(
+                markov_dataset.path,
+                tmp_path / "eight",
+                16,
+                **{
+                    "fgrams.combine": combine,
+                    "mesh.data": 2,
+                    "mesh.fsdp": 2,
+                    "mesh.tensor": 2,
+                    **fgram_rules,
+                },
+            ),
+        )
+    )
     a, b = losses(tmp_path / "one"), losses(tmp_path / "eight")
     assert sorted(a) == sorted(b) == list(range(1, 17))
     np.testing.assert_allclose([a[s] for s in a], [b[s] for s in a], rtol=2e-5)
     assert np.mean([a[s] for s in range(13, 17)]) < np.mean([a[s] for s in range(1, 5)]) - 0.3
     records = read_metrics(tmp_path / "eight")
-    assert all(0 < r["match_rate"] <= 1 and 0 < r["distinct_ratio"] <= 1 and r["mean_match_length"] >= 2
-               for r in records)
+    assert all(
+        0 < r["match_rate"] <= 1 and 0 < r["distinct_ratio"] <= 1 and r["mean_match_length"] >= 2
+        for r in records
+    )
 
 
 def test_the_sharded_step_never_replicates_what_it_shards(markov_dataset, tmp_path):
     """On the data x fsdp x tensor mesh every lookup (tokens, f-gram nodes, positions), in training
-    and in export, comes out batch-sharded: XLA's SPMD partitioner falls back to replicating a tensor (and says so) when
-    it cannot reshard it, which on a real mesh means every device computing the whole batch."""
-    run = cli_run(["train", "tiny", *scone_overrides(markov_dataset.path, tmp_path / "run", 2, **{
-        "mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "train.eval_every": 2})])
+    and in export, comes out batch-sharded: XLA's SPMD partitioner falls back to replicating a
+    tensor (and says so) when it cannot reshard it, which on a real mesh means every device
+    computing the whole batch."""
+    run = cli_run(
+        [
+            "train",
+            "tiny",
+            *scone_overrides(
+                markov_dataset.path,
+                tmp_path / "run",
+                2,
+                **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "train.eval_every": 2},
+            ),
+        ]
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "Involuntary full rematerialization" not in run.stderr
     export = cli_run(["export", tmp_path / "run", "--out", tmp_path / "table"])  # on the run's mesh
@@ -50,7 +101,11 @@ def test_the_sharded_step_never_replicates_what_it_shards(markov_dataset, tmp_pa
 
 
 def test_scone_kill_and_resume_is_bitwise_identical(markov_dataset, tmp_path):
-    args = lambda name: ["train", "tiny", *scone_overrides(markov_dataset.path, tmp_path / name, 20)]  # noqa: E731
+    args = lambda name: [  # noqa: E731
+        "train",
+        "tiny",
+        *scone_overrides(markov_dataset.path, tmp_path / name, 20),
+    ]
     straight = cli_run(args("straight"))
     assert straight.returncode == 0, straight.stderr[-2000:]
     proc = cli(args("killed"))
@@ -58,7 +113,9 @@ def test_scone_kill_and_resume_is_bitwise_identical(markov_dataset, tmp_path):
     proc.kill()
     proc.communicate()
     resumed = cli_run(args("killed"))
-    assert resumed.returncode == 0 and "resuming at step 10" in resumed.stdout, resumed.stderr[-2000:]
+    assert resumed.returncode == 0 and "resuming at step 10" in resumed.stdout, resumed.stderr[
+        -2000:
+    ]
     assert losses(tmp_path / "killed") == losses(tmp_path / "straight")
 
 
@@ -70,7 +127,9 @@ def test_a_run_directory_moved_elsewhere_resumes(markov_dataset, tmp_path):
     (tmp_path / "first").rename(tmp_path / "moved")
     shutil.rmtree(tmp_path / "moved" / "checkpoints" / "10")
     fgram_set = (tmp_path / "moved" / "fgrams" / "meta.json").stat().st_mtime_ns
-    summary = train(load_config("tiny", scone_overrides(markov_dataset.path, tmp_path / "moved", 10)))
+    summary = train(
+        load_config("tiny", scone_overrides(markov_dataset.path, tmp_path / "moved", 10))
+    )
     assert summary["start_step"] == 5 and summary["end_step"] == 10
     assert losses(tmp_path / "moved") == straight
     assert (tmp_path / "moved" / "fgrams" / "meta.json").stat().st_mtime_ns == fgram_set
@@ -83,13 +142,27 @@ def test_the_shipped_scone_preset_beats_its_baseline_on_the_embedded_corpus(tmp_
     perplexity, for a fresh seed (the study's gain is 5-10% on every corpus and seed)."""
     seed = int(np.random.SeedSequence().entropy % 2**31)
     print(f"train.seed={seed}")
-    common = ["data.max_default_corpus_mb=12", "train.steps=400", "train.eval_every=0", "train.eval_batches=64",
-              "logging.progress=false", "logging.tensorboard=false", "checkpoint.every=100000", f"train.seed={seed}"]
+    common = [
+        "data.max_default_corpus_mb=12",
+        "train.steps=400",
+        "train.eval_every=0",
+        "train.eval_batches=64",
+        "logging.progress=false",
+        "logging.tensorboard=false",
+        "checkpoint.every=100000",
+        f"train.seed={seed}",
+    ]
     ppl = {}
     for preset in ("tiny", "tiny_scone"):
         shared = [f"data.dataset={tmp_path / 'tiny' / 'dataset'}"] if ppl else []
-        done = cli_run(["train", preset, *common, *shared, f"run_dir={tmp_path / preset}"], devices=1, timeout=1200)
+        done = cli_run(
+            ["train", preset, *common, *shared, f"run_dir={tmp_path / preset}"],
+            devices=1,
+            timeout=1200,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
-        ppl[preset] = json.loads((tmp_path / preset / "final_eval.json").read_text())["results"]["heldout"]["perplexity"]
+        ppl[preset] = json.loads((tmp_path / preset / "final_eval.json").read_text())["results"][
+            "heldout"
+        ]["perplexity"]
     print(f"held-out perplexity: baseline {ppl['tiny']:.2f}, SCONE {ppl['tiny_scone']:.2f}")
     assert ppl["tiny_scone"] <= 0.97 * ppl["tiny"]

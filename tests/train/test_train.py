@@ -11,28 +11,53 @@ from tests.train.helpers import cli, cli_run, losses, read_metrics, tiny_overrid
 
 
 def test_loss_decreases_on_the_8_device_mesh(markov_dataset, tmp_path):
-    cfg = load_config("tiny", tiny_overrides(markov_dataset.path, tmp_path / "run", steps=40,
-                                             **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2,
-                                                "train.eval_every": 20}))
+    cfg = load_config(
+        "tiny",
+        tiny_overrides(
+            markov_dataset.path,
+            tmp_path / "run",
+            steps=40,
+            **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "train.eval_every": 20},
+        ),
+    )
     summary = train(cfg)
     assert summary["status"] == "complete" and summary["end_step"] == 40
     loss = losses(tmp_path / "run")
     assert sorted(loss) == list(range(1, 41))  # one record per step, no gaps
     assert np.mean([loss[s] for s in range(36, 41)]) < np.mean([loss[s] for s in range(1, 6)]) - 0.5
     evals = read_metrics(tmp_path / "run", "eval")
-    assert [e["step"] for e in evals] == [20, 40] and evals[1]["perplexity"] < evals[0]["perplexity"]
+    assert [e["step"] for e in evals] == [20, 40] and evals[1]["perplexity"] < evals[0][
+        "perplexity"
+    ]
     assert (tmp_path / "run" / "config.yaml").is_file()
     assert load_config(tmp_path / "run" / "config.yaml") == cfg
 
 
 def test_one_device_equals_the_data_fsdp_tensor_mesh(markov_dataset, tmp_path):
     for family in ("gpt2", "llama"):
-        one = cli_run(["train", "tiny", *tiny_overrides(markov_dataset.path, tmp_path / f"one_{family}",
-                                                         steps=12, **{"model.family": family})], devices=1)
+        one = cli_run(
+            [
+                "train",
+                "tiny",
+                *tiny_overrides(
+                    markov_dataset.path,
+                    tmp_path / f"one_{family}",
+                    steps=12,
+                    **{"model.family": family},
+                ),
+            ],
+            devices=1,
+        )
         assert one.returncode == 0, one.stderr[-2000:]
-        cfg = load_config("tiny", tiny_overrides(markov_dataset.path, tmp_path / f"eight_{family}", steps=12,
-                                                 **{"model.family": family, "mesh.data": 2, "mesh.fsdp": 2,
-                                                    "mesh.tensor": 2}))
+        cfg = load_config(
+            "tiny",
+            tiny_overrides(
+                markov_dataset.path,
+                tmp_path / f"eight_{family}",
+                steps=12,
+                **{"model.family": family, "mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2},
+            ),
+        )
         train(cfg)
         a, b = losses(tmp_path / f"one_{family}"), losses(tmp_path / f"eight_{family}")
         assert sorted(a) == sorted(b) == list(range(1, 13))
@@ -41,7 +66,9 @@ def test_one_device_equals_the_data_fsdp_tensor_mesh(markov_dataset, tmp_path):
 
 def test_kill_and_resume_is_bitwise_identical(markov_dataset, tmp_path):
     steps = 24
-    straight = cli_run(["train", "tiny", *tiny_overrides(markov_dataset.path, tmp_path / "straight", steps)])
+    straight = cli_run(
+        ["train", "tiny", *tiny_overrides(markov_dataset.path, tmp_path / "straight", steps)]
+    )
     assert straight.returncode == 0, straight.stderr[-2000:]
     args = ["train", "tiny", *tiny_overrides(markov_dataset.path, tmp_path / "killed", steps)]
     proc = cli(args)
@@ -50,18 +77,27 @@ def test_kill_and_resume_is_bitwise_identical(markov_dataset, tmp_path):
     proc.kill()  # SIGKILL: no chance to save; resume from the last interval checkpoint
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL
-    saved = sorted(int(p.name) for p in checkpoints_dir(tmp_path / "killed").iterdir() if p.name.isdigit())
-    assert saved and max(saved) < steps and max(losses(tmp_path / "killed")) < steps  # killed mid-run
+    saved = sorted(
+        int(p.name) for p in checkpoints_dir(tmp_path / "killed").iterdir() if p.name.isdigit()
+    )
+    assert (
+        saved and max(saved) < steps and max(losses(tmp_path / "killed")) < steps
+    )  # killed mid-run
     assert not (tmp_path / "killed" / FINAL_EVAL_FILE).exists()
     resumed = cli_run(args)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resuming at step {max(saved)}" in resumed.stdout
-    assert losses(tmp_path / "killed") == losses(tmp_path / "straight")  # bitwise, every step, no gaps
+    assert losses(tmp_path / "killed") == losses(
+        tmp_path / "straight"
+    )  # bitwise, every step, no gaps
 
 
 def test_sigterm_saves_then_resume_completes(markov_dataset, tmp_path):
-    args = ["train", "tiny", *tiny_overrides(markov_dataset.path, tmp_path / "run", 400,
-                                             **{"checkpoint.every": 1000})]
+    args = [
+        "train",
+        "tiny",
+        *tiny_overrides(markov_dataset.path, tmp_path / "run", 400, **{"checkpoint.every": 1000}),
+    ]
     proc = cli(args)
     wait_for_step(tmp_path / "run", 3, proc)
     proc.send_signal(signal.SIGTERM)
@@ -69,19 +105,34 @@ def test_sigterm_saves_then_resume_completes(markov_dataset, tmp_path):
     assert proc.returncode == 143, err[-2000:]
     assert "SIGTERM: saved step" in out
     saved = max(losses(tmp_path / "run"))
-    ckpts = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit())
+    ckpts = sorted(
+        int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()
+    )
     assert ckpts == [saved] and saved < 400
     summary = train(load_config(tmp_path / "run" / "config.yaml"))
     assert summary["start_step"] == saved and summary["end_step"] == 400
 
 
 def test_nan_loss_stops_with_a_clear_message(markov_dataset, tmp_path):
-    res = cli_run(["train", "tiny", *tiny_overrides(markov_dataset.path, tmp_path / "run", 10,
-                                                     **{"optim.lr": 1e30, "optim.grad_clip": 0.0,
-                                                        "optim.warmup_steps": 0})])
+    res = cli_run(
+        [
+            "train",
+            "tiny",
+            *tiny_overrides(
+                markov_dataset.path,
+                tmp_path / "run",
+                10,
+                **{"optim.lr": 1e30, "optim.grad_clip": 0.0, "optim.warmup_steps": 0},
+            ),
+        ]
+    )
     assert res.returncode == 2
     assert "loss is nan" in res.stderr.lower() and "Traceback" not in res.stderr
-    assert res.stderr.strip().splitlines()[-1].startswith("scone-jax train: error: loss is nan at step")
+    assert (
+        res.stderr.strip()
+        .splitlines()[-1]
+        .startswith("scone-jax train: error: loss is nan at step")
+    )
     saved = [p.name for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()]
     assert saved == [], f"the diverged state was saved: {saved}"
 
