@@ -29,11 +29,6 @@ class SconeModel(nnx.Module):
         )
         self.combine = fgram_cfg.combine
 
-    def fgram_embeddings(self, fgram_tokens: jax.Array, fgram_lengths: jax.Array) -> jax.Array:
-        """F(w) for each f-gram in the buffer: [C, K] tokens (right-padded), [C] lengths
-        -> [C, d]."""
-        return self.fgram(self.backbone.table_rows(jnp.maximum(fgram_tokens, 0)), fgram_lengths)
-
     def input_embeddings(
         self, tokens, fgram_index, fgram_nodes, fgram_paths, fgram_outputs
     ) -> jax.Array:

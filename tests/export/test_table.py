@@ -13,6 +13,7 @@ from scone_jax.export.table import export_table
 from scone_jax.fgrams.store import FgramSet
 from scone_jax.serve.tables import open_table
 from scone_jax.sharding.mesh import make_mesh
+from tests.model.reference import fgram_alone
 from tests.reliability.faults import faulty_cli, finish, wait_for_hang
 from tests.scone_run import train_scone_run
 from tests.train.helpers import cli_run
@@ -34,7 +35,7 @@ def live_rows(run_dir):
     fs = FgramSet.load(rp.info["fgram_set"])
     tokens = jnp.asarray(np.maximum(fs.tokens, 0), jnp.int32)
     lengths = jnp.asarray(fs.lengths, jnp.int32)
-    f = np.asarray(model.fgram_embeddings(tokens, lengths), np.float32)
+    f = np.asarray(fgram_alone(model, tokens, lengths), np.float32)
     last = np.asarray(fs.tokens)[np.arange(len(fs.lengths)), np.asarray(fs.lengths) - 1]
     return f - np.asarray(model.backbone.embed_table[...])[last], fs
 

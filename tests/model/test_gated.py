@@ -13,6 +13,7 @@ from scone_jax.forest.batcher import FgramBatcher
 from scone_jax.model import Transformer
 from scone_jax.model.scone import SconeModel
 from tests.forest.helpers import VOCAB, K, random_batch, random_fgram_set
+from tests.model.reference import fgram_alone
 from tests.model.test_scone import BACKBONE
 
 
@@ -87,7 +88,8 @@ def test_the_input_is_the_token_plus_the_gated_fgram_embedding(family, rng):
     matched = ids >= 0
     # each matched f-gram alone through F (its plain call), times the gate, plus T(s_i)
     alone = np.asarray(
-        model.fgram_embeddings(
+        fgram_alone(
+            model,
             jnp.asarray(np.maximum(set_tokens[ids[matched]], 0), jnp.int32),
             jnp.asarray(set_lengths[ids[matched]], jnp.int32),
         )

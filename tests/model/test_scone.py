@@ -15,6 +15,7 @@ from scone_jax.forest.prefix import prefix_forest
 from scone_jax.model import Transformer
 from scone_jax.model.scone import SconeModel
 from tests.forest.helpers import VOCAB, K, T, random_batch, random_fgram_set
+from tests.model.reference import fgram_alone
 
 BACKBONE = {
     "gpt2": ModelConfig(family="gpt2", d_model=32, n_layers=2, n_heads=2, max_seq_len=T),
@@ -103,8 +104,8 @@ def test_forest_equals_the_fgram_model_on_each_fgram_alone(family, rng):
         jnp.asarray(out["forest"].outputs),
     )
     rows = np.asarray(forest).reshape(-1, forest.shape[-1])[out["forest"].index[0]]
-    alone = model.fgram_embeddings(
-        jnp.asarray(set_tokens, jnp.int32), jnp.asarray(set_lengths, jnp.int32)
+    alone = fgram_alone(
+        model, jnp.asarray(set_tokens, jnp.int32), jnp.asarray(set_lengths, jnp.int32)
     )
     np.testing.assert_allclose(rows, np.asarray(alone), rtol=1e-5, atol=1e-6)
 
@@ -161,7 +162,7 @@ def test_fgram_embedding_does_not_depend_on_the_window(rng):
     lengths = jnp.asarray([3], jnp.int32)
     for pad in ([5, 9, 2, 0], [5, 9, 2, 17]):
         np.testing.assert_allclose(
-            np.asarray(model.fgram_embeddings(jnp.asarray([pad], jnp.int32), lengths)),
+            np.asarray(fgram_alone(model, jnp.asarray([pad], jnp.int32), lengths)),
             np.asarray(ea[0, 3:4]),
             rtol=1e-5,
             atol=1e-6,
