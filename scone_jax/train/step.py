@@ -49,8 +49,8 @@ def fgram_metrics(params, grads) -> dict:
         "grad_norm_backbone": optax.tree.norm(grads["backbone"]),
     }
     if "output_gate" in params["fgram"]:
-        gate = params["fgram"]["output_gate"]
-        out["fgram_gate_rms"] = jnp.sqrt(jnp.mean(jnp.square(getattr(gate, "value", gate))))
+        gate = params["fgram"]["output_gate"][...]
+        out["fgram_gate_rms"] = jnp.sqrt(jnp.mean(jnp.square(gate)))
     return out
 
 

@@ -113,3 +113,11 @@ def test_parse_overrides_nesting():
 
 def test_presets_resolve_by_name():
     assert Path(load_config("tiny").run_dir) == Path("runs/tiny")
+
+
+def test_an_unknown_combine_rule_is_one_line_naming_the_rules():
+    assert load_config("tiny_scone").fgrams.combine == "gated"  # the default since docs/fidelity.md
+    with pytest.raises(
+        UserError, match=r"fgrams.combine='mix' \(expected one of \('replace', 'add', 'gated'\)\)"
+    ):
+        load_config("tiny_scone", ["fgrams.combine=mix"])

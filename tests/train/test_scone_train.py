@@ -74,6 +74,11 @@ def test_one_device_equals_eight_and_the_modes_train(
         0 < r["match_rate"] <= 1 and 0 < r["distinct_ratio"] <= 1 and r["mean_match_length"] >= 2
         for r in records
     )
+    assert all(r["grad_norm_fgram"] > 0 and r["grad_norm_backbone"] > 0 for r in records)
+    # the gate's RMS is logged for the gated rule only, and it leaves zero once training starts
+    assert all(("fgram_gate_rms" in r) == (combine == "gated") for r in records)
+    if combine == "gated":
+        assert records[-1]["fgram_gate_rms"] > 0
 
 
 def test_the_sharded_step_never_replicates_what_it_shards(markov_dataset, tmp_path):
