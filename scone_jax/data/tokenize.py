@@ -8,14 +8,11 @@ and `meta["tokenizer_sha256"]` is its fingerprint.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from pathlib import Path
-
-from tqdm import tqdm
 
 from scone_jax.atomic import atomic_dir, check_output_path
 from scone_jax.config.schema import DataConfig
@@ -28,6 +25,7 @@ from scone_jax.data.text import (
 )
 from scone_jax.data.tokenizer import Tokenizer
 from scone_jax.errors import UserError
+from scone_jax.progress import progress_bar
 
 TOKENIZER_FILE = "tokenizer.model"
 BATCH_DOCS = 256
@@ -57,9 +55,7 @@ def tokenize_corpus(
     source = FingerprintingIterator(docs)
     with atomic_dir(out_dir) as tmp:
         writer = DatasetWriter(tmp, tokenizer.vocab_size)
-        bar = tqdm(
-            desc=f"tokenize {out_dir.name}", unit=" docs", file=sys.stderr, disable=not progress
-        )
+        bar = progress_bar(f"tokenize {out_dir.name}", unit=" docs", disable=not progress)
         start = time.perf_counter()
         with bar:
             for batch in _batches(iter(source), BATCH_DOCS):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import sys
 import time
 import zlib
 from pathlib import Path
@@ -25,7 +24,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
-from tqdm import tqdm
 
 from scone_jax.artifacts.restore import RunParams, load_run_params, on_local_devices
 from scone_jax.artifacts.table_store import (
@@ -55,6 +53,7 @@ from scone_jax.fgrams.store import FILES as FGRAM_SET_FILES
 from scone_jax.fgrams.store import FgramSet
 from scone_jax.forest.layout import forest_layout, grow_blocks, round_up
 from scone_jax.forest.prefix import prefix_forest
+from scone_jax.progress import progress_bar
 from scone_jax.runtime.distributed import barrier
 from scone_jax.sharding.batch import fgram_groups, node_shardings
 from scone_jax.sharding.rules import activation_sharding, logical_to_spec
@@ -375,14 +374,12 @@ def export_table(
         groups = fgram_groups(run.mesh, run.rules)
         fn = fgram_rows_fn(run, run.cfg.fgrams.combine)
         start = time.perf_counter()
-        bar = tqdm(
+        bar = progress_bar(
+            "export",
             total=sum(b - a for a, b in mine),
             initial=sum(b - a for a, b in mine if (a, b) in done),
-            desc="export",
             unit="row",
-            file=sys.stderr,
             disable=not progress or pid != 0,
-            dynamic_ncols=True,
         )
         write_ranges(
             [r for r in mine if r not in done],

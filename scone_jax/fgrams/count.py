@@ -22,17 +22,16 @@ is the same, so the output is identical.
 from __future__ import annotations
 
 import os
-import sys
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
 import numpy as np
-from tqdm import tqdm
 
 from scone_jax.errors import UserError
 from scone_jax.fgrams import outofcore
 from scone_jax.fgrams.corpus import Corpus
 from scone_jax.fgrams.hashindex import HashIndex
+from scone_jax.progress import progress_bar
 
 _U64 = np.uint64
 # odd, so h = code * _MIX mod 2**b is a bijection of [0, 2**b); _UNMIX undoes it
@@ -182,13 +181,12 @@ def _one_pass(
         else outofcore.DiskPartitions(layout.parts, layout.dtype, scratch)
     )
     job = _PassJob(corpus, n, radix, max_n, index, ids_in, ids_out, parts, layout)
-    bar = tqdm(
+    bar = progress_bar(
+        f"count n={n}",
         total=n_tok,
         unit="tok",
         unit_scale=True,
-        desc=f"count n={n}",
         disable=not progress,
-        file=sys.stderr,
         leave=False,
     )
 

@@ -25,13 +25,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from scone_jax.atomic import atomic_dir, atomic_write_json, replace_dir
 from scone_jax.checksums import ChecksumError, verify_manifest, write_manifest
 from scone_jax.errors import UserError
 from scone_jax.fgrams.corpus import Corpus
 from scone_jax.fgrams.hashindex import FIB_INT, M64, HashIndex
+from scone_jax.progress import progress_bar
 
 TAG_CHUNK = 1 << 20
 TAGS_DIR = "tags"
@@ -198,13 +198,12 @@ def tag_corpus(
         return np.bincount(n[a - lo :], minlength=k + 1)
 
     hist = np.zeros(k + 1, np.int64)
-    bar = tqdm(
+    bar = progress_bar(
+        "tag",
         total=end - first,
         unit="tok",
         unit_scale=True,
-        desc="tag",
         disable=not progress,
-        file=sys.stderr,
         leave=False,
     )
     with ThreadPoolExecutor(workers) as pool:

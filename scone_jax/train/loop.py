@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import shutil
 import signal
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,6 +32,7 @@ from scone_jax.config import Config
 from scone_jax.errors import UserError
 from scone_jax.metrics.flops import peak_flops
 from scone_jax.metrics.writers import MetricsWriter
+from scone_jax.progress import progress_bar
 from scone_jax.train.session import evaluate, open_session
 
 
@@ -132,14 +132,13 @@ def train(cfg: Config) -> dict:
     tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
     peak = peak_flops()
     overflows = 0
-    bar = tqdm(
+    bar = progress_bar(  # off a terminal the metrics lines below are the progress
+        "train",
         total=total,
         initial=start,
-        desc="train",
         unit="step",
-        file=sys.stderr,
         disable=not (cfg.logging.progress and is_main),
-        dynamic_ncols=True,
+        plain_lines=False,
     )
     batches = session.train_stream.iterate(start)
     step, stopped_by = start, None

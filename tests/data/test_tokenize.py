@@ -252,7 +252,8 @@ def test_cli_subprocess_invalid_utf8_and_success(tmp_path, rng):
         [*cmd, "--out", str(tmp_path / "ds")], capture_output=True, text=True, env=env, timeout=120
     )
     assert good.returncode == 0, good.stderr
-    assert "tokenize ds" in good.stderr  # the progress bar went to stderr
+    assert "[tokenize ds] done: 4 docs" in good.stderr  # progress went to stderr, off a
+    assert "\r" not in good.stderr  # terminal as whole lines
     assert TokenizedDataset.open(tmp_path / "ds").num_docs == 4
 
 
