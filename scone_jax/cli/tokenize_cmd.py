@@ -14,9 +14,10 @@ DESCRIPTION = f"""\
 Tokenize a corpus once and write it to --out as a dataset directory: tokens.bin,
 doc_offsets.npy, token_bytes.npy, meta.json and the tokenizer used ({TOKENIZER_FILE}).
 
-Corpus: --corpus files, directories or globs (repeatable; .jsonl files give one document
-per line's --jsonl-field). Without --corpus, the embedded default corpus is used: the
-docstrings and comments of the installed Python standard library (no download).
+Corpus: --corpus files, directories or globs (repeatable; .jsonl, .jsonl.gz and .jsonl.zst
+files give one document per line's --text-field, .parquet files one per row of that column).
+Without --corpus, the embedded default corpus is used: the docstrings and comments of the
+installed Python standard library (no download).
 
 Tokenizer: --tokenizer loads an existing sentencepiece .model; otherwise one is trained on
 the corpus (--vocab-size, --model-type) and saved as OUT/{TOKENIZER_FILE}.
@@ -26,7 +27,8 @@ EPILOG = """\
 examples:
   scone-jax tokenize --out runs/stdlib-data
   scone-jax tokenize --corpus 'books/*.txt' --doc-split blank_line --vocab-size 4096 --out data/books
-  scone-jax tokenize --corpus web.jsonl --jsonl-field content --tokenizer spm.model --out data/web
+  scone-jax tokenize --corpus web.jsonl --text-field content --tokenizer spm.model --out data/web
+  scone-jax tokenize --corpus 'shards/*.parquet' --tokenizer tokenizer.json --out data/web
 """  # noqa: E501 (the --help epilog, printed as is: RawDescriptionHelpFormatter)
 
 
@@ -43,8 +45,8 @@ def register(subparsers) -> None:
         metavar="PATH_OR_GLOB",
         action="append",
         default=[],
-        help="a text/.jsonl file, a directory or a glob; repeatable, read in the order given "
-        "(glob matches sorted). Default: the embedded standard-library corpus",
+        help="a text, .jsonl or .parquet file, a directory or a glob; repeatable, read in the "
+        "order given (glob matches sorted). Default: the embedded standard-library corpus",
     )
     p.add_argument(
         "--doc-split",
@@ -54,10 +56,13 @@ def register(subparsers) -> None:
         "(default: %(default)s)",
     )
     p.add_argument(
+        "--text-field",
         "--jsonl-field",
+        dest="text_field",
         metavar="FIELD",
-        default=_DEFAULTS.jsonl_field,
-        help="the text field of .jsonl records (default: %(default)s)",
+        default=_DEFAULTS.text_field,
+        help="the text field of .jsonl records and column of .parquet files (default: "
+        "%(default)s; --jsonl-field is its old name)",
     )
     p.add_argument(
         "--tokenizer",
@@ -108,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = DataConfig(
         corpus=list(args.corpus),
         doc_split=args.doc_split,
-        jsonl_field=args.jsonl_field,
+        text_field=args.text_field,
         tokenizer=args.tokenizer or "",
         tokenizer_vocab_size=args.vocab_size
         if args.vocab_size is not None

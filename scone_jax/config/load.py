@@ -22,6 +22,8 @@ from scone_jax.config.schema import Config
 from scone_jax.errors import UserError
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "experiments"
+# (section, old key) -> new key
+ALIASES = {("data", "jsonl_field"): "text_field"}
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
@@ -176,12 +178,30 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     return nested
 
 
+def _apply_aliases(data: dict[str, Any]) -> None:
+    """Rename old keys (`data.jsonl_field`) to their new names, so older configs still load."""
+    for (section, old), new in ALIASES.items():
+        part = data.get(section)
+        if not isinstance(part, dict) or old not in part:
+            continue
+        value = part.pop(old)
+        if new in part and part[new] != value:
+            raise UserError(
+                f"config keys {section}.{old}={value!r} and {section}.{new}={part[new]!r} "
+                f"disagree ({old} is the old name of {new}; expected one of them)"
+            )
+        part[new] = value
+
+
 def load_config(
     preset: str | os.PathLike | None = None, overrides: list[str] | None = None
 ) -> Config:
     """Read a preset (optional), apply overrides, build the typed config and validate it."""
     data: dict[str, Any] = _read_yaml(resolve_preset(str(preset))) if preset else {}
-    _deep_merge(data, parse_overrides(overrides or []))
+    _apply_aliases(data)
+    overridden = parse_overrides(overrides or [])
+    _apply_aliases(overridden)
+    _deep_merge(data, overridden)
     config = _build(Config, data, "")
     config.validate()
     return config

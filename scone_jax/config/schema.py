@@ -174,7 +174,7 @@ class DataConfig:
         default_factory=list
     )  # files or globs; empty = embedded default corpus
     doc_split: str = "file"  # file | blank_line  (for plain text files)
-    jsonl_field: str = "text"
+    text_field: str = "text"  # the text field of .jsonl records and column of .parquet files
     tokenizer: str = ""  # an existing sentencepiece .model; empty = train one
     tokenizer_vocab_size: int = 2048
     tokenizer_type: str = "bpe"  # bpe | unigram

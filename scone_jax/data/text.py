@@ -1,11 +1,12 @@
-"""Where text comes from: files, globs and JSONL, or an embedded default corpus.
+"""Where text comes from: files, globs, JSONL and parquet, or an embedded default corpus.
 
 A corpus is an iterator of documents (non-empty strings), read lazily and in a fixed
 order, so the same inputs always give the same documents and the same fingerprint.
 
 * Plain text: one document per file (`doc_split="file"`) or per block of lines separated by
   blank lines (`doc_split="blank_line"`).
-* `.jsonl`: one document per line, taken from a string field (`jsonl_field`, default `text`).
+* Records (`files.py`): `.jsonl` (also `.jsonl.gz`, `.jsonl.zst`) gives one document per line,
+  `.parquet` one per row, taken from the string field or column `text_field` (default `text`).
 * No corpus given: `default_corpus()`, the docstrings and comments of the installed Python
   standard library, read from its `.py` sources with `ast` (nothing is imported or downloaded).
 """
@@ -15,13 +16,13 @@ from __future__ import annotations
 import ast
 import glob
 import hashlib
-import json
 import os
 import sysconfig
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from scone_jax.data.files import jsonl_documents, parquet_documents, record_format, utf8_lines
 from scone_jax.errors import UserError
 
 DOC_SPLITS = ("file", "blank_line")
@@ -58,7 +59,8 @@ def resolve_corpus_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
             files = _files_under(p)
             if not files:
                 raise UserError(
-                    f"corpus directory {entry} contains no file (expected text or .jsonl files)"
+                    f"corpus directory {entry} contains no file (expected text, .jsonl or "
+                    ".parquet files)"
                 )
         for f in files:
             key = f.resolve()
@@ -81,7 +83,7 @@ def _files_under(p: Path) -> list[Path]:
 
 
 def iter_documents(
-    paths: list[str], doc_split: str = "file", jsonl_field: str = "text"
+    paths: list[str], doc_split: str = "file", text_field: str = "text"
 ) -> Iterator[str]:
     """Yield the non-empty documents of `paths` in order; raise `UserError` on bad input.
 
@@ -93,10 +95,13 @@ def iter_documents(
     files = resolve_corpus_files(paths)
     count = 0
     for path in files:
-        if path.name.lower().endswith(".jsonl"):
-            docs = _jsonl_documents(path, jsonl_field)
+        kind = record_format(path)
+        if kind == "jsonl":
+            docs = jsonl_documents(path, text_field)
+        elif kind == "parquet":
+            docs = parquet_documents(path, text_field)
         elif doc_split == "file":
-            docs = iter(["".join(line for _, line in _utf8_lines(path))])
+            docs = iter(["".join(line for _, line in utf8_lines(path))])
         else:
             docs = _blank_line_documents(path)
         for doc in docs:
@@ -111,32 +116,10 @@ def iter_documents(
         )
 
 
-def _utf8_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """Yield (1-based line number, decoded line with its line break), checking UTF-8 strictly."""
-    offset = 0
-    try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise UserError(f"cannot read corpus file {path}: {e.strerror}") from None
-    with f:
-        for lineno, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise UserError(
-                    f"{path}: invalid UTF-8 at byte offset {offset + e.start} "
-                    f"(line {lineno}; expected UTF-8 text)"
-                ) from None
-            if lineno == 1 and line.startswith("\ufeff"):
-                line = line[1:]
-            offset += len(raw)
-            yield lineno, line
-
-
 def _blank_line_documents(path: Path) -> Iterator[str]:
     """Blocks of lines separated by whitespace-only lines; a block keeps its inner line breaks."""
     block: list[str] = []
-    for _, line in _utf8_lines(path):
+    for _, line in utf8_lines(path):
         if line.strip():
             block.append(line)
         elif block:
@@ -144,24 +127,6 @@ def _blank_line_documents(path: Path) -> Iterator[str]:
             block = []
     if block:
         yield "".join(block).rstrip("\r\n")
-
-
-def _jsonl_documents(path: Path, field: str) -> Iterator[str]:
-    for lineno, line in _utf8_lines(path):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(
-                f"{path}:{lineno}: not valid JSON ({e.msg}; expected one JSON object per line)"
-            ) from None
-        if not isinstance(record, dict) or not isinstance(record.get(field), str):
-            raise UserError(
-                f"{path}:{lineno}: no string field {field!r} "
-                f"(expected a JSON object with a {field!r} text field; see jsonl_field)"
-            )
-        yield record[field]
 
 
 def default_corpus(max_mb: float = 4.0) -> list[str]:

@@ -95,7 +95,7 @@ def documents_factory(cfg: DataConfig) -> Callable[[], Iterator[str]]:
     """
     if cfg.corpus:
         resolve_corpus_files(cfg.corpus)
-        return lambda: iter_documents(cfg.corpus, cfg.doc_split, cfg.jsonl_field)
+        return lambda: iter_documents(cfg.corpus, cfg.doc_split, cfg.text_field)
     cache: list[list[str]] = []
 
     def default_docs() -> Iterator[str]:

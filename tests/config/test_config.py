@@ -121,3 +121,13 @@ def test_an_unknown_combine_rule_is_one_line_naming_the_rules():
         UserError, match=r"fgrams.combine='mix' \(expected one of \('replace', 'add', 'gated'\)\)"
     ):
         load_config("tiny_scone", ["fgrams.combine=mix"])
+
+
+def test_jsonl_field_is_the_old_name_of_text_field(tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text("data:\n  jsonl_field: body\n")  # a config saved before the rename
+    assert load_config(old).data.text_field == "body"
+    assert load_config("tiny", ["data.jsonl_field=content"]).data.text_field == "content"
+    assert load_config(old, ["data.text_field=x"]).data.text_field == "x"  # the override wins
+    with pytest.raises(UserError, match=r"data.jsonl_field='a' and data.text_field='b' disagree"):
+        load_config("tiny", ["data.jsonl_field=a", "data.text_field=b"])

@@ -78,7 +78,7 @@ def test_jsonl_one_document_per_line_from_the_named_field(tmp_path, rng):
     lines.insert(1, "")  # blank lines are skipped
     lines.append(json.dumps({"body": "  \n"}))  # an empty document is skipped
     (tmp_path / "c.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    assert list(iter_documents([str(tmp_path / "c.jsonl")], jsonl_field="body")) == docs
+    assert list(iter_documents([str(tmp_path / "c.jsonl")], text_field="body")) == docs
     with pytest.raises(UserError, match=r"c\.jsonl:1: no string field 'text'"):
         list(iter_documents([str(tmp_path / "c.jsonl")]))
 
