@@ -18,6 +18,7 @@ CONFIG_FILE = "config.yaml"
 RUN_INFO_FILE = "run_info.json"  # what later stages need without the data pipeline (export, serve)
 CHECKPOINTS_DIR = "checkpoints"  # orbax's step directories (artifacts/checkpoint.py)
 FINAL_EVAL_FILE = "final_eval.json"  # held-out results at the last step: a finished run has one
+PROFILE_DIR = "profile"  # jax.profiler traces of train.profile_steps (train/profile.py)
 # keys that may change between restarts of the same run
 MUTABLE_PREFIXES = (
     "run_dir",
@@ -25,6 +26,7 @@ MUTABLE_PREFIXES = (
     "train.eval_every",
     "train.eval_batches",
     "train.log_every",
+    "train.profile_",
     "checkpoint.every",
     "checkpoint.keep",
     "checkpoint.async_save",
@@ -81,6 +83,12 @@ def load_run_config(run_dir: str | Path) -> Config:
     if not path.is_file():
         raise UserError(f"{run_dir} is not a run directory (no {CONFIG_FILE})")
     return load_config(path)
+
+
+def profile_dir(run_dir: str | Path, process_index: int = 0) -> Path:
+    """Where a process writes its trace: `profile/`, or `profile/process_I` for I > 0."""
+    base = Path(run_dir) / PROFILE_DIR
+    return base / f"process_{process_index}" if process_index else base
 
 
 def checkpoints_dir(run_dir: str | Path) -> Path:

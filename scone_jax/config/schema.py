@@ -265,15 +265,30 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
+    """`profile_steps: [a, b]` traces the steps that take the state from step a to step b
+    (docs/training.md)."""
+
     steps: int = 200
     batch_size: int = 16  # global batch, in windows of data.seq_len tokens
     seed: int = 0
     eval_every: int = 50  # 0 = only at the end
     eval_batches: int = 8
     log_every: int = 10
+    profile_steps: list[int] = field(default_factory=list)  # [start, stop): a profiler trace
+    profile_process: int = 0  # the process that traces; -1 = every process
 
     def validate(self) -> None:
         _check(self.steps > 0, f"train.steps={self.steps} (expected > 0)")
+        window = self.profile_steps
+        _check(
+            not window or (len(window) == 2 and 0 <= window[0] < window[1] <= self.steps),
+            f"train.profile_steps={window} (expected [] or [start, stop] with "
+            f"0 <= start < stop <= train.steps={self.steps})",
+        )
+        _check(
+            self.profile_process >= -1,
+            f"train.profile_process={self.profile_process} (expected a process index or -1)",
+        )
         _check(self.batch_size > 0, f"train.batch_size={self.batch_size} (expected > 0)")
         _check(self.eval_every >= 0, f"train.eval_every={self.eval_every} (expected >= 0)")
         _check(self.eval_batches > 0, f"train.eval_batches={self.eval_batches} (expected > 0)")

@@ -33,6 +33,7 @@ from scone_jax.errors import UserError
 from scone_jax.metrics.flops import peak_flops
 from scone_jax.metrics.writers import MetricsWriter
 from scone_jax.progress import progress_bar
+from scone_jax.train.profile import StepProfiler
 from scone_jax.train.session import evaluate, open_session
 
 
@@ -141,6 +142,7 @@ def train(cfg: Config) -> dict:
         plain_lines=False,
     )
     batches = session.train_stream.iterate(start)
+    profiler = StepProfiler(run_dir, cfg.train)
     step, stopped_by = start, None
     logged = (
         start  # the last step whose state is sound and whose records are all written: safe to save
@@ -150,14 +152,16 @@ def train(cfg: Config) -> dict:
     try:
         with stop_on_signals() as received:
             while step < total:
-                batch = next(batches)
-                global_batch = session.to_global(batch)
-                state, metrics = train_step(state, global_batch)
-                metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                with profiler.step(step):  # the batch too: SCONE's forest is built on the host
+                    batch = next(batches)
+                    global_batch = session.to_global(batch)
+                    state, metrics = train_step(state, global_batch)
+                    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
                 if "fgram_stats" in batch:
                     overflows += batch["fgram_stats"]["fgram_overflow"]
                     metrics.update(batch["fgram_stats"], fgram_overflow=overflows)
                 step += 1
+                profiler.after(step, state)
                 window_steps += 1
                 metrics["step_flops"] = session.flops_per_step(global_batch)
                 window_flops += metrics["step_flops"]
@@ -201,6 +205,7 @@ def train(cfg: Config) -> dict:
         clean = True
     finally:
         bar.close()
+        profiler.close()
         # a save is collective: after an error on one process its peers cannot join one
         can_save = clean or jax.process_count() == 1
         try:
