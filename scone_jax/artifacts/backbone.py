@@ -1,6 +1,7 @@
 """The exported backbone's format: plain files a serving stack reads without orbax. `params.npz`
 (numpy arrays named by their path, e.g. `blocks/0/attn/wq`), `config.yaml` (the run's model
-section), `tokenizer.model` and `meta.json` (fingerprints)."""
+section), the tokenizer (`tokenizer.model` or `tokenizer.json`, as the dataset had it) and
+`meta.json` (fingerprints)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def write_backbone(
         (tmp / "params.npz").write_bytes(buffer.getvalue())
         (tmp / "config.yaml").write_text(yaml.safe_dump({"model": model_section}, sort_keys=False))
         if tokenizer is not None and tokenizer.is_file():  # serving needs it to turn text into ids
-            (tmp / "tokenizer.model").write_bytes(tokenizer.read_bytes())
+            (tmp / tokenizer.name).write_bytes(tokenizer.read_bytes())
         atomic_write_json(tmp / "meta.json", meta)
 
 

@@ -343,10 +343,10 @@ def _decoder(fs, tokenizer_path: str | None):
             "built)"
         )
     try:
-        from scone_jax.data.tokenizer import Tokenizer
+        from scone_jax.data.tokenizer import load_tokenizer
     except ImportError:
         raise UserError("--text needs scone_jax.data.tokenizer, which is not available") from None
-    tok = Tokenizer.load(path)
+    tok = load_tokenizer(path)
     if fs.tokenizer_sha256 and tok.sha256 != fs.tokenizer_sha256:
         raise UserError(
             f"tokenizer {path} (sha256 {tok.sha256[:12]}...) is not the one the f-gram set was "

@@ -31,7 +31,8 @@ def register(sub) -> None:
     p.add_argument(
         "--tokenizer",
         default=None,
-        help="sentencepiece model (default: the run's dataset tokenizer, or the backbone export's)",
+        help="a sentencepiece .model or Hugging Face tokenizer.json (default: the run's dataset "
+        "tokenizer, or the backbone export's)",
     )
     p.set_defaults(func=run)
 
@@ -39,7 +40,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from scone_jax.data.tokenizer import Tokenizer
+    from scone_jax.data.tokenizer import find_tokenizer_file, load_tokenizer
     from scone_jax.errors import UserError
     from scone_jax.serve.engine import engine_from_export, engine_from_run
     from scone_jax.serve.generate import generate
@@ -57,14 +58,13 @@ def run(args) -> int:
         from scone_jax.artifacts.run_dir import RUN_INFO_FILE
 
         engine = engine_from_run(args.run_dir, args.table, args.tier)
-        default_tok = (
-            Path(json.loads((Path(args.run_dir) / RUN_INFO_FILE).read_text())["dataset"])
-            / "tokenizer.model"
+        default_tok = find_tokenizer_file(
+            json.loads((Path(args.run_dir) / RUN_INFO_FILE).read_text())["dataset"]
         )
     else:
         engine = engine_from_export(args.backbone, args.table, args.tier)
-        default_tok = Path(args.backbone) / "tokenizer.model"
-    tokenizer = Tokenizer.load(args.tokenizer or default_tok)
+        default_tok = find_tokenizer_file(args.backbone)
+    tokenizer = load_tokenizer(args.tokenizer or default_tok)
     if engine.tokenizer_sha256 and tokenizer.sha256 != engine.tokenizer_sha256:
         raise UserError(
             f"tokenizer {tokenizer.path} (sha256 {tokenizer.sha256[:12]}) is not the model's "

@@ -19,7 +19,8 @@ files give one document per line's --text-field, .parquet files one per row of t
 Without --corpus, the embedded default corpus is used: the docstrings and comments of the
 installed Python standard library (no download).
 
-Tokenizer: --tokenizer loads an existing sentencepiece .model; otherwise one is trained on
+Tokenizer: --tokenizer loads an existing sentencepiece .model or a Hugging Face
+tokenizer.json (a local file, copied into OUT); otherwise a sentencepiece model is trained on
 the corpus (--vocab-size, --model-type) and saved as OUT/{TOKENIZER_FILE}.
 """
 
@@ -67,7 +68,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "--tokenizer",
         metavar="MODEL",
-        help="load this sentencepiece .model instead of training one",
+        help="load this sentencepiece .model or Hugging Face tokenizer.json instead of training "
+        "one",
     )
     p.add_argument(
         "--vocab-size",

@@ -175,7 +175,7 @@ class DataConfig:
     )  # files or globs; empty = embedded default corpus
     doc_split: str = "file"  # file | blank_line  (for plain text files)
     text_field: str = "text"  # the text field of .jsonl records and column of .parquet files
-    tokenizer: str = ""  # an existing sentencepiece .model; empty = train one
+    tokenizer: str = ""  # a sentencepiece .model or an HF tokenizer.json; empty = train one
     tokenizer_vocab_size: int = 2048
     tokenizer_type: str = "bpe"  # bpe | unigram
     dataset: str = ""  # an existing tokenized dataset directory; empty = tokenize into the run dir

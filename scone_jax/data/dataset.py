@@ -6,7 +6,8 @@ Layout of a dataset directory (written once, atomically, by `scone-jax tokenize`
     doc_offsets.npy   int64 [num_docs + 1]; document d is tokens[offsets[d]:offsets[d+1]]
     token_bytes.npy   int32 [vocab_size]; UTF-8 bytes each token stands for (bits per byte)
     meta.json         counts, dtype, vocab size, tokenizer and corpus fingerprints, checksums
-    tokenizer.model   the sentencepiece model the ids came from (its sha256 is in meta.json)
+    tokenizer.model   the sentencepiece model the ids came from (its sha256 is in meta.json),
+    or tokenizer.json a Hugging Face tokenizer instead
     checksums.json    size and crc32 of every file above, written last, checked on open
 
 Everything downstream (f-gram counting, tagging, the grain pipeline) reads this format.

@@ -1,8 +1,8 @@
 """Turn a corpus into a tokenized dataset on disk, once (what `scone-jax tokenize` runs).
 
 The dataset directory (format in `dataset.py`) also holds a copy of its tokenizer as
-`tokenizer.model`, so it is self-contained: `meta["tokenizer_path"]` points at that copy
-and `meta["tokenizer_sha256"]` is its fingerprint.
+`tokenizer.model` (sentencepiece) or `tokenizer.json` (Hugging Face), so it is self-contained:
+`meta["tokenizer_path"]` points at that copy and `meta["tokenizer_sha256"]` is its fingerprint.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ from pathlib import Path
 from scone_jax.atomic import atomic_dir, check_output_path
 from scone_jax.config.schema import DataConfig
 from scone_jax.data.dataset import DatasetWriter, TokenizedDataset
+from scone_jax.data.hf_tokenizer import HFTokenizer
 from scone_jax.data.text import (
     FingerprintingIterator,
     default_corpus,
     iter_documents,
     resolve_corpus_files,
 )
-from scone_jax.data.tokenizer import Tokenizer
+from scone_jax.data.tokenizer import Tokenizer, find_tokenizer_file, load_tokenizer
 from scone_jax.errors import UserError
 from scone_jax.progress import progress_bar
 
@@ -33,7 +34,7 @@ BATCH_DOCS = 256
 
 def tokenize_corpus(
     docs: Iterable[str],
-    tokenizer: Tokenizer,
+    tokenizer: Tokenizer | HFTokenizer,
     out_dir: str | os.PathLike,
     corpus_sha256: str | None = None,
     append_eos: bool = True,
@@ -50,7 +51,7 @@ def tokenize_corpus(
     if append_eos and eos < 0:
         raise UserError(
             f"tokenizer {tokenizer.path} has no eos piece (expected one when appending "
-            "eos; train a tokenizer with scone-jax or disable eos)"
+            "eos; train a tokenizer with scone-jax or pass --no-eos)"
         )
     source = FingerprintingIterator(docs)
     with atomic_dir(out_dir) as tmp:
@@ -68,11 +69,11 @@ def tokenize_corpus(
                 bar.set_postfix(tokens=writer.num_tokens, tok_s=f"{rate:,.0f}", refresh=False)
         if source.num_docs == 0:
             raise UserError("empty corpus: no document to tokenize (expected at least one)")
-        (tmp / TOKENIZER_FILE).write_bytes(tokenizer.model_bytes)
+        (tmp / tokenizer.file_name).write_bytes(tokenizer.model_bytes)
         writer.finish(
             tokenizer.token_byte_lengths(),
             tokenizer_sha256=tokenizer.sha256,
-            tokenizer_path=str((out_dir / TOKENIZER_FILE).absolute()),
+            tokenizer_path=str((out_dir / tokenizer.file_name).absolute()),
             corpus_sha256=corpus_sha256 or source.sha256,
             append_eos=append_eos,
             num_bytes=source.num_bytes,
@@ -108,11 +109,11 @@ def documents_factory(cfg: DataConfig) -> Callable[[], Iterator[str]]:
 
 def prepare_tokenizer(
     cfg: DataConfig, docs_factory: Callable[[], Iterable[str]], out_path: str | os.PathLike
-) -> Tokenizer:
-    """Load `cfg.tokenizer` if set; else train one on `docs_factory()` and write it to
-    `out_path`."""
+) -> Tokenizer | HFTokenizer:
+    """Load `cfg.tokenizer` if set (sentencepiece or Hugging Face); else train a sentencepiece
+    model on `docs_factory()` and write it to `out_path`."""
     if cfg.tokenizer:
-        return Tokenizer.load(cfg.tokenizer)
+        return load_tokenizer(cfg.tokenizer)
     return Tokenizer.train(docs_factory(), cfg.tokenizer_vocab_size, cfg.tokenizer_type, out_path)
 
 
@@ -135,12 +136,12 @@ def build_dataset(
         return tokenize_corpus(docs(), tokenizer, out_dir, append_eos=append_eos, progress=progress)
 
 
-def dataset_tokenizer(dataset: TokenizedDataset) -> Tokenizer:
+def dataset_tokenizer(dataset: TokenizedDataset) -> Tokenizer | HFTokenizer:
     """The tokenizer a dataset was made with: its own copy, checked against its fingerprint."""
-    path = dataset.path / TOKENIZER_FILE
+    path = find_tokenizer_file(dataset.path)
     if not path.is_file():
         path = Path(dataset.meta.get("tokenizer_path", path))
-    tokenizer = Tokenizer.load(path)
+    tokenizer = load_tokenizer(path)
     if tokenizer.sha256 != dataset.tokenizer_sha256:
         raise UserError(
             f"tokenizer {path} has sha256 {tokenizer.sha256[:12]}... but dataset {dataset.path} "

@@ -1,4 +1,5 @@
-"""A sentencepiece tokenizer that round-trips any text and carries its own fingerprint.
+"""A sentencepiece tokenizer that round-trips any text and carries its own fingerprint;
+`load_tokenizer` also opens a Hugging Face `tokenizer.json` (hf_tokenizer.py).
 
 Trained models use byte fallback (characters outside the vocabulary become `<0x..>` byte
 pieces), identity normalization and no whitespace cleanup, so `decode(encode(text)) == text`
@@ -20,8 +21,11 @@ import numpy as np
 import sentencepiece as spm
 
 from scone_jax.atomic import atomic_write_bytes
+from scone_jax.data.hf_tokenizer import FILE_NAME as HF_FILE_NAME
+from scone_jax.data.hf_tokenizer import HFTokenizer
 from scone_jax.errors import UserError
 
+FILE_NAME = "tokenizer.model"
 MODEL_TYPES = ("bpe", "unigram")
 SPECIAL_IDS = {"unk_id": 0, "bos_id": 1, "eos_id": 2, "pad_id": -1}
 META_SYMBOL = "\u2581"
@@ -32,8 +36,31 @@ MAX_TRAIN_SENTENCES = 1_000_000
 MAX_SENTENCE_CHARS = 16_384
 
 
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer | HFTokenizer:
+    """A sentencepiece `.model`, or a Hugging Face tokenizer (a file named `*.json`)."""
+    if Path(path).name.lower().endswith(".json"):
+        return HFTokenizer.load(path)
+    return Tokenizer.load(path)
+
+
+def tokenizer_file_name(path: str | os.PathLike) -> str:
+    """The name a copy of the tokenizer at `path` takes in a dataset or an export."""
+    return HF_FILE_NAME if Path(path).name.lower().endswith(".json") else FILE_NAME
+
+
+def find_tokenizer_file(directory: str | os.PathLike) -> Path:
+    """The tokenizer copy in a dataset or export directory (`tokenizer.model` if neither is)."""
+    directory = Path(directory)
+    for name in (FILE_NAME, HF_FILE_NAME):
+        if (directory / name).is_file():
+            return directory / name
+    return directory / FILE_NAME
+
+
 class Tokenizer:
     """A loaded sentencepiece model plus where it came from and its sha256 fingerprint."""
+
+    file_name = FILE_NAME
 
     def __init__(self, model_bytes: bytes, path: str | os.PathLike):
         self._path = Path(path).absolute()

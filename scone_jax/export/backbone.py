@@ -10,6 +10,7 @@ import jax
 from scone_jax.artifacts.backbone import FORMAT_VERSION, write_backbone
 from scone_jax.artifacts.restore import host_params, load_run_params
 from scone_jax.config import to_dict
+from scone_jax.data.tokenizer import find_tokenizer_file
 from scone_jax.runtime.distributed import barrier
 
 
@@ -36,7 +37,7 @@ def export_backbone(
             out,
             backbone,
             to_dict(run.cfg)["model"],
-            Path(run.info["dataset"]) / "tokenizer.model",
+            find_tokenizer_file(run.info["dataset"]),
             meta,
             overwrite,
         )

@@ -25,6 +25,7 @@ from scone_jax.artifacts.run_dir import CONFIG_FILE, FINAL_EVAL_FILE, check_run_
 from scone_jax.atomic import atomic_write_json
 from scone_jax.config import Config, load_config
 from scone_jax.data.dataset import META_FILE
+from scone_jax.data.tokenizer import FILE_NAME, find_tokenizer_file, tokenizer_file_name
 from scone_jax.errors import UserError
 from scone_jax.sweep.spec import Point, SweepSpec, format_value
 
@@ -173,11 +174,11 @@ def plan_sweep(spec: SweepSpec, sweep_dir: str | Path, extra: list[str] | None =
             data_dir = (
                 sweep_dir / "data" / ("ds-" + hashlib.sha256(str(dataset).encode()).hexdigest()[:8])
             )
-            tokenizer = str(dataset / "tokenizer.model")
+            tokenizer = str(find_tokenizer_file(dataset))
         else:
             data_dir = sweep_dir / "data" / _tokenization_key(cfg)
             dataset = data_dir / "train"
-            tokenizer = str(dataset / "tokenizer.model")
+            tokenizer = str(dataset / tokenizer_file_name(cfg.data.tokenizer or FILE_NAME))
             steps.setdefault(
                 dataset,
                 Step(

@@ -1,0 +1,154 @@
+"""A Hugging Face `tokenizer.json` (the `tokenizers` library), read from a local file only.
+
+The paper presets' vocabularies (GPT-2's 50,257 pieces, OLMo's 50,304) exist as such files and
+no sentencepiece model reproduces them. The interface is `Tokenizer`'s (tokenizer.py), so
+datasets, f-gram sets, training and generation take either. Conventions:
+
+* Texts are encoded without the tokenizer's post-processor (`add_special_tokens=False`), so no
+  BOS is added and a document is `encode(doc) + [eos]`, as with sentencepiece.
+* EOS and BOS are the added special tokens with the usual names (`EOS_NAMES`, `BOS_NAMES`);
+  a file with no EOS among them gives `eos_id == -1` (tokenize with `--no-eos`).
+* `sha256` hashes the file's bytes, the fingerprint every artifact made with it carries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer as _HFTokenizer
+
+from scone_jax.errors import UserError
+
+FILE_NAME = "tokenizer.json"
+EOS_NAMES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>")
+BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>", "<|endoftext|>")
+_BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's printable stand-in for each byte (character -> byte), as ByteLevel uses it."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+class HFTokenizer:
+    """A loaded `tokenizer.json` plus where it came from and its sha256 fingerprint."""
+
+    file_name = FILE_NAME
+
+    def __init__(self, data: bytes, path: str | os.PathLike):
+        self._path = Path(path).absolute()
+        try:
+            spec = json.loads(data.decode("utf-8"))
+            self._tok = _HFTokenizer.from_str(data.decode("utf-8"))
+        except Exception as e:  # the tokenizers library raises plain Exception
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise UserError(
+                f"tokenizer {self._path} is not a valid Hugging Face tokenizer.json ({reason})"
+            ) from None
+        self._spec = spec
+        self._bytes = data
+        self._sha256 = hashlib.sha256(data).hexdigest()
+        self._token_bytes: np.ndarray | None = None
+        specials = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t["special"]}
+        self._eos = next((specials[n] for n in EOS_NAMES if n in specials), -1)
+        self._bos = next((specials[n] for n in BOS_NAMES if n in specials), -1)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> HFTokenizer:
+        p = Path(path)
+        if not p.is_file():
+            problem = "is not a file" if p.exists() else "does not exist"
+            raise UserError(f"tokenizer {p} {problem} (expected a Hugging Face tokenizer.json)")
+        try:
+            return cls(p.read_bytes(), p)
+        except OSError as e:
+            raise UserError(f"cannot read tokenizer {p}: {e.strerror}") from None
+
+    @property
+    def sha256(self) -> str:
+        return self._sha256
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def model_bytes(self) -> bytes:
+        return self._bytes
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def eos_id(self) -> int:
+        return self._eos
+
+    @property
+    def bos_id(self) -> int:
+        return self._bos
+
+    @property
+    def byte_level(self) -> bool:
+        """Whether pieces are bytes in GPT-2's stand-in alphabet (a ByteLevel decoder)."""
+        decoder = self._spec.get("decoder") or {}
+        parts = (
+            decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+        )
+        return any(d.get("type") == "ByteLevel" for d in parts)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Iterable[str], num_threads: int | None = None) -> list[list[int]]:
+        """Encode many texts at once (the library's own thread pool; `num_threads` unused)."""
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def token_byte_lengths(self) -> np.ndarray:
+        """int32 [vocab_size]: UTF-8 bytes each piece stands for, for bits per byte.
+
+        Byte-level pieces count one byte per character of GPT-2's alphabet (a piece may be part
+        of a character), byte-fallback pieces `<0x..>` one byte, "▁" one space byte, special
+        tokens 0. For a byte-level tokenizer the lengths of `encode(text)` sum to
+        `len(text.encode())` exactly.
+        """
+        if self._token_bytes is None:
+            alphabet = byte_level_alphabet() if self.byte_level else None
+            specials = {t["id"] for t in self._spec.get("added_tokens", []) if t["special"]}
+            lengths = np.zeros(self.vocab_size, dtype=np.int32)
+            for i in range(self.vocab_size):
+                piece = self._tok.id_to_token(i)
+                if piece is None or i in specials:
+                    continue
+                if alphabet is not None and all(c in alphabet for c in piece):
+                    lengths[i] = len(piece)
+                elif _BYTE_PIECE.fullmatch(piece):
+                    lengths[i] = 1
+                else:
+                    lengths[i] = len(piece.replace("\u2581", " ").encode("utf-8"))
+            lengths.flags.writeable = False
+            self._token_bytes = lengths
+        return self._token_bytes
+
+    def __repr__(self) -> str:
+        return (
+            f"HFTokenizer({str(self._path)!r}, vocab_size={self.vocab_size}, "
+            f"sha256={self._sha256[:12]})"
+        )
