@@ -1,4 +1,4 @@
-"""`scone-jax export RUN_DIR --out TABLE_URL [--backbone-out DIR]`."""
+"""`scone-jax export RUN_DIR [--out TABLE_URL] [--backbone-out DIR] [--hf-out DIR]`."""
 
 from __future__ import annotations
 
@@ -15,11 +15,15 @@ def register(sub) -> None:
         "memory://, gs://BUCKET/PATH, s3://BUCKET/PATH). The table becomes visible only when "
         "complete; rerunning an interrupted export resumes it. --backbone-out also writes the "
         "backbone's parameters as params.npz + config.yaml + meta.json (readable without orbax). "
-        "In a multi-process job (docs/launch.md) each process computes and writes its own shards "
-        "of the table, and process 0 commits it.",
+        "--hf-out writes a Hugging Face checkpoint (model.safetensors + config.json for "
+        "GPT2LMHeadModel or LlamaForCausalLM, the tokenizer, and for a SCONE run the table's "
+        "rows and keys with scone.json; without --out the table is computed into DIR.table, "
+        "then removed); a baseline run takes --hf-out alone. In a multi-process job "
+        "(docs/launch.md) each process computes and writes its own shards of the table, and "
+        "process 0 commits it.",
     )
-    p.add_argument("run_dir", help="a SCONE run directory made by `scone-jax train`")
-    p.add_argument("--out", required=True, help="table location (path or kvstore URL)")
+    p.add_argument("run_dir", help="a run directory made by `scone-jax train`")
+    p.add_argument("--out", default=None, help="table location (path or kvstore URL)")
     p.add_argument(
         "--dtype",
         default="float32",
@@ -40,6 +44,9 @@ def register(sub) -> None:
         "--backbone-out", default=None, help="also export the backbone to this directory"
     )
     p.add_argument(
+        "--hf-out", default=None, metavar="DIR", help="also write a Hugging Face checkpoint here"
+    )
+    p.add_argument(
         "--overwrite", action="store_true", help="replace an existing table or backbone export"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -48,41 +55,74 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from scone_jax.artifacts.run_dir import require_checkpoint
+    from scone_jax.artifacts.run_dir import load_run_config, require_checkpoint
     from scone_jax.errors import UserError
     from scone_jax.export.backbone import export_backbone
+    from scone_jax.export.hf import export_hf
     from scone_jax.export.table import export_table
 
     for name in ("batch_rows", "range_rows", "shard_rows"):
         if getattr(args, name) <= 0:
             raise UserError(f"--{name.replace('_', '-')}={getattr(args, name)} (expected > 0)")
+    if not args.out and not args.hf_out:
+        raise UserError("give --out TABLE_URL (the f-gram table), --hf-out DIR, or both")
     topology = distributed_args.initialize_from_args(args)
     with distributed.failures_reported():
         check_outputs(args)
         require_checkpoint(args.run_dir, args.step)
-        meta = export_table(
-            args.run_dir,
-            args.out,
-            args.dtype,
-            args.step,
-            args.batch_rows,
-            args.range_rows,
-            shard_rows=args.shard_rows,
-            progress=not args.no_progress,
-            overwrite=args.overwrite,
-        )
+        scone = load_run_config(args.run_dir).fgrams.enabled
+        table = args.out or (f"{args.hf_out}.table" if scone else None)
+        meta = None
+        if table:
+            meta = export_table(
+                args.run_dir,
+                table,
+                args.dtype,
+                args.step,
+                args.batch_rows,
+                args.range_rows,
+                shard_rows=args.shard_rows,
+                progress=not args.no_progress,
+                overwrite=args.overwrite or not args.out,  # a temporary table is always redone
+            )
         if args.backbone_out:
             export_backbone(args.run_dir, args.backbone_out, args.step, args.overwrite)
+        if args.hf_out:
+            export_hf(args.run_dir, args.hf_out, table, args.step, args.overwrite)
+            if table and not args.out:
+                remove_temporary_table(table)
     if topology and topology.process_id != 0:
         return 0  # every process takes part (the restore, its rows); process 0 reports
-    print(
-        f"table {args.out}: {meta['num_rows']:,} rows x {meta['width']} {meta['dtype']} "
-        f"({meta['combine']} mode, step {meta['checkpoint_step']}), "
-        + (f"{meta['rows_per_s']:,.0f} rows/s" if meta.get("rows_per_s") else "already computed")
-    )
+    if args.out:
+        print(
+            f"table {args.out}: {meta['num_rows']:,} rows x {meta['width']} {meta['dtype']} "
+            f"({meta['combine']} mode, step {meta['checkpoint_step']}), "
+            + (
+                f"{meta['rows_per_s']:,.0f} rows/s"
+                if meta.get("rows_per_s")
+                else "already computed"
+            )
+        )
     if args.backbone_out:
         print(f"backbone {args.backbone_out}: params.npz, config.yaml, meta.json")
+    if args.hf_out:
+        print(
+            f"Hugging Face checkpoint {args.hf_out}: model.safetensors, config.json, tokenizer"
+            + (", fgram_table.safetensors, scone.json" if scone else "")
+        )
     return 0
+
+
+def remove_temporary_table(url: str) -> None:
+    import shutil
+
+    import jax
+
+    from scone_jax.runtime.distributed import barrier
+
+    barrier("hf-table-read")
+    if jax.process_index() == 0:
+        shutil.rmtree(url, ignore_errors=True)
 
 
 def check_outputs(args) -> None:
@@ -94,7 +134,7 @@ def check_outputs(args) -> None:
     from scone_jax.atomic import check_output_path
     from scone_jax.errors import UserError
 
-    table = parse_location(args.out).local_path
+    table = parse_location(args.out).local_path if args.out else None
     if table is not None:
         check_output_path(table, "--out")
         if table.exists() and not (table / META).is_file():
@@ -102,9 +142,8 @@ def check_outputs(args) -> None:
                 f"--out {args.out} exists and is not an f-gram table (expected a new path, "
                 "or an exported table to replace with --overwrite)"
             )
-    if args.backbone_out:
-        check_output_path(args.backbone_out, "--backbone-out")
-        if Path(args.backbone_out).exists() and not args.overwrite:
-            raise UserError(
-                f"--backbone-out {args.backbone_out} already exists (remove it or pass --overwrite)"
-            )
+    for flag, out in (("--backbone-out", args.backbone_out), ("--hf-out", args.hf_out)):
+        if out:
+            check_output_path(out, flag)
+            if Path(out).exists() and not args.overwrite:
+                raise UserError(f"{flag} {out} already exists (remove it or pass --overwrite)")

@@ -35,6 +35,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     init_std: float = 0.02
+    init_from: str = ""  # a Hugging Face checkpoint directory the backbone starts from
 
     def validate(self) -> None:
         _check(

@@ -111,6 +111,10 @@ class HFTokenizer:
         )
         return any(d.get("type") == "ByteLevel" for d in parts)
 
+    def piece(self, token_id: int) -> str | None:
+        """The vocabulary entry of `token_id` (None for an id the file leaves unused)."""
+        return self._tok.id_to_token(int(token_id))
+
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
@@ -134,7 +138,7 @@ class HFTokenizer:
             specials = {t["id"] for t in self._spec.get("added_tokens", []) if t["special"]}
             lengths = np.zeros(self.vocab_size, dtype=np.int32)
             for i in range(self.vocab_size):
-                piece = self._tok.id_to_token(i)
+                piece = self.piece(i)
                 if piece is None or i in specials:
                     continue
                 if alphabet is not None and all(c in alphabet for c in piece):

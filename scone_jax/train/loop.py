@@ -33,6 +33,7 @@ from scone_jax.errors import UserError
 from scone_jax.metrics.flops import peak_flops
 from scone_jax.metrics.writers import MetricsWriter
 from scone_jax.progress import progress_bar
+from scone_jax.train.init_from import initial_state
 from scone_jax.train.profile import StepProfiler
 from scone_jax.train.session import evaluate, open_session
 
@@ -90,7 +91,8 @@ def train(cfg: Config) -> dict:
     setup = session.setup
     state = ckpt.restore_newest_intact(setup.abstract_state, setup.shardings)
     if state is None:
-        state, start = setup.create(), 0
+        state = initial_state(setup, cfg, session.vocab_size, session.dataset.tokenizer_sha256)
+        start = 0
     else:
         start = int(jax.device_get(state["step"]))
     writer.truncate_after(start)
