@@ -17,7 +17,7 @@ venv:
 	if [ ! -f $(STAMP) ] || [ setup.cfg -nt $(STAMP) ] || [ pyproject.toml -nt $(STAMP) ]; then \
 	  echo "installing scone_jax and its dependencies into $(VENV)"; \
 	  $(PY) -m pip install -q --upgrade pip && \
-	  $(PY) -m pip install -q -e '.[test,dev,beam]' && touch $(STAMP) || exit 1; fi
+	  $(PY) -m pip install -q -e '.[test,dev,beam,hf]' && touch $(STAMP) || exit 1; fi
 
 demo: venv
 	$(VENV)/bin/scone-jax demo --out demo_out

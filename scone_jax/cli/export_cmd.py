@@ -16,9 +16,9 @@ def register(sub) -> None:
         "complete; rerunning an interrupted export resumes it. --backbone-out also writes the "
         "backbone's parameters as params.npz + config.yaml + meta.json (readable without orbax). "
         "--hf-out writes a Hugging Face checkpoint (model.safetensors + config.json for "
-        "GPT2LMHeadModel or LlamaForCausalLM, the tokenizer, and for a SCONE run the table's "
-        "rows and keys with scone.json; without --out the table is computed into DIR.table, "
-        "then removed); a baseline run takes --hf-out alone. In a multi-process job "
+        "GPT2LMHeadModel or LlamaForCausalLM, the tokenizer, and for a SCONE run the rows and "
+        "keys of the table written to --out, with scone.json); a baseline run takes --hf-out "
+        "alone. In a multi-process job "
         "(docs/launch.md) each process computes and writes its own shards of the table, and "
         "process 0 commits it.",
     )
@@ -71,26 +71,27 @@ def run(args) -> int:
         check_outputs(args)
         require_checkpoint(args.run_dir, args.step)
         scone = load_run_config(args.run_dir).fgrams.enabled
-        table = args.out or (f"{args.hf_out}.table" if scone else None)
-        meta = None
-        if table:
+        if scone and args.hf_out and not args.out:
+            raise UserError(
+                f"run {args.run_dir} is a SCONE run: --hf-out takes its table's rows, so give "
+                "--out TABLE_URL too"
+            )
+        if args.out:
             meta = export_table(
                 args.run_dir,
-                table,
+                args.out,
                 args.dtype,
                 args.step,
                 args.batch_rows,
                 args.range_rows,
                 shard_rows=args.shard_rows,
                 progress=not args.no_progress,
-                overwrite=args.overwrite or not args.out,  # a temporary table is always redone
+                overwrite=args.overwrite,
             )
         if args.backbone_out:
             export_backbone(args.run_dir, args.backbone_out, args.step, args.overwrite)
         if args.hf_out:
-            export_hf(args.run_dir, args.hf_out, table, args.step, args.overwrite)
-            if table and not args.out:
-                remove_temporary_table(table)
+            export_hf(args.run_dir, args.hf_out, args.out, args.step, args.overwrite)
     if topology and topology.process_id != 0:
         return 0  # every process takes part (the restore, its rows); process 0 reports
     if args.out:
@@ -111,18 +112,6 @@ def run(args) -> int:
             + (", fgram_table.safetensors, scone.json" if scone else "")
         )
     return 0
-
-
-def remove_temporary_table(url: str) -> None:
-    import shutil
-
-    import jax
-
-    from scone_jax.runtime.distributed import barrier
-
-    barrier("hf-table-read")
-    if jax.process_index() == 0:
-        shutil.rmtree(url, ignore_errors=True)
 
 
 def check_outputs(args) -> None:
