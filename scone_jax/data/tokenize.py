@@ -24,11 +24,11 @@ from scone_jax.data.text import (
     iter_documents,
     resolve_corpus_files,
 )
-from scone_jax.data.tokenizer import Tokenizer, find_tokenizer_file, load_tokenizer
+from scone_jax.data.tokenizer import FILE_NAME, Tokenizer, find_tokenizer_file, load_tokenizer
 from scone_jax.errors import UserError
 from scone_jax.progress import progress_bar
 
-TOKENIZER_FILE = "tokenizer.model"
+TOKENIZER_FILE = FILE_NAME  # the name of a trained (sentencepiece) tokenizer
 BATCH_DOCS = 256
 
 

@@ -58,8 +58,8 @@ def export_hf(
     params = host_params(run)
     cfg, vocab = run.cfg.model, run.info["vocab_size"]
     dataset = Path(run.info["dataset"])
-    ids = _special_ids(dataset)
-    config = hf_config(cfg, vocab, ids.get("eos_id"), ids.get("bos_id"))
+    meta = _dataset_meta(dataset)
+    config = hf_config(cfg, vocab, meta.get("eos_id"), meta.get("bos_id"))
     tensors = to_hf_tensors(params["backbone"] if scone else params, cfg)
     info = {
         "checkpoint_step": run.step,
@@ -80,7 +80,8 @@ def export_hf(
     return info
 
 
-def _special_ids(dataset: Path) -> dict:
+def _dataset_meta(dataset: Path) -> dict:
+    """The dataset's meta.json, for the tokenizer's EOS and BOS ids."""
     try:
         return json.loads((dataset / META_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
