@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 FAKE_DEVICES := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
-.PHONY: venv demo test test-slow test-all test-faults test-multihost test-fidelity bench gpu-check lint clean
+.PHONY: venv demo test test-slow test-all test-faults test-multihost test-sweeps test-fidelity bench gpu-check lint clean
 
 venv:
 	@want=$$($(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "need Python >= 3.11"; print("%d.%d" % sys.version_info[:2])') \
@@ -33,6 +33,10 @@ test-all: test test-slow
 # 2 processes x 4 devices == 1 process x 8 devices: training through a lost peer and a resume, export (about 4 minutes)
 test-multihost: venv
 	$(FAKE_DEVICES) $(PY) -m pytest -q -m slow tests/multihost
+
+# a whole sweep end to end: runs, skips what is done, resumes, reports (about 4 minutes)
+test-sweeps: venv
+	$(FAKE_DEVICES) $(PY) -m pytest -q -m slow tests/sweep
 
 # the shipped SCONE presets against their baselines on the embedded corpus, 3 fresh seeds per
 # family (docs/fidelity.md; about 8 minutes on 2 cores)

@@ -59,10 +59,15 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
 }
 for size in ("0.5x", "2x", "3x"):
     VARIANTS[f"tiny_scone_{size}"] = ("tiny_scone", [f"fgrams.model_size={size}"])
+# the presets' earlier recipe (20 warmup steps, not 100), each against its own baseline
+for name in ("tiny", "tiny_scone", "tiny_llama", "tiny_llama_scone"):
+    VARIANTS[f"{name}_warmup20"] = (name, ["optim.warmup_steps=20"])
+VARIANTS["tiny_lr1.5e-3_warmup20"] = ("tiny", ["optim.lr=1.5e-3", "optim.warmup_steps=20"])
 
 
 def baseline_of(variant: str) -> str:
-    return "tiny_llama" if variant.startswith("tiny_llama") else "tiny"
+    family = "tiny_llama" if variant.startswith("tiny_llama") else "tiny"
+    return family + ("_warmup20" if variant.endswith("_warmup20") else "")
 
 
 def corpus_args(name: str, work: Path) -> list[str] | None:

@@ -8,6 +8,7 @@ import json
 import signal
 
 import numpy as np
+import pytest
 import yaml
 
 from scone_jax.cli.main import main
@@ -54,6 +55,7 @@ def _sweep_file(tmp_path, dataset) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_tiny_sweep_runs_skips_resumes_and_reports(markov_dataset, tmp_path, capsys):
     sweep, out = _sweep_file(tmp_path, markov_dataset), tmp_path / "sw"
     points = out / "points"
