@@ -39,7 +39,7 @@ test-sweeps: venv
 	$(FAKE_DEVICES) $(PY) -m pytest -q -m slow tests/sweep
 
 # the shipped SCONE presets against their baselines on the embedded corpus, 3 fresh seeds per
-# family (docs/fidelity.md; about 8 minutes on 2 cores)
+# family (docs/fidelity.md; about 15 minutes on 2 cores)
 test-fidelity: venv
 	$(PY) -m pytest -n 2 -q -m slow tests/fidelity
 

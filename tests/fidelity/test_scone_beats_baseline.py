@@ -2,7 +2,7 @@
 embedded corpus (the standard library's docstrings: on every install, no ../shared/data), at
 400 steps (under one epoch), for fresh seeds. Each pair shares its seed (initialization and data
 order); the assertion is on the mean over seeds, since one 400-step run moves by a few percent
-with nothing but the summation order changed. About 8 minutes on 2 cores: `make test-fidelity`."""
+with nothing but the summation order changed. About 15 minutes on 2 cores: `make test-fidelity`."""
 
 import json
 import math
