@@ -13,16 +13,15 @@ datasets, f-gram sets, training and generation take either. Conventions:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 from collections.abc import Iterable
-from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer as _HFTokenizer
 
+from scone_jax.data.tokenizer_file import TokenizerFile
 from scone_jax.errors import UserError
 
 FILE_NAME = "tokenizer.json"
@@ -44,13 +43,15 @@ def byte_level_alphabet() -> dict[str, int]:
     return chars
 
 
-class HFTokenizer:
+class HFTokenizer(TokenizerFile):
     """A loaded `tokenizer.json` plus where it came from and its sha256 fingerprint."""
 
     file_name = FILE_NAME
+    noun = "tokenizer"
+    expected = "a Hugging Face tokenizer.json"
 
     def __init__(self, data: bytes, path: str | os.PathLike):
-        self._path = Path(path).absolute()
+        super().__init__(data, path)
         try:
             spec = json.loads(data.decode("utf-8"))
             self._tok = _HFTokenizer.from_str(data.decode("utf-8"))
@@ -60,35 +61,9 @@ class HFTokenizer:
                 f"tokenizer {self._path} is not a valid Hugging Face tokenizer.json ({reason})"
             ) from None
         self._spec = spec
-        self._bytes = data
-        self._sha256 = hashlib.sha256(data).hexdigest()
-        self._token_bytes: np.ndarray | None = None
         specials = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t["special"]}
         self._eos = next((specials[n] for n in EOS_NAMES if n in specials), -1)
         self._bos = next((specials[n] for n in BOS_NAMES if n in specials), -1)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> HFTokenizer:
-        p = Path(path)
-        if not p.is_file():
-            problem = "is not a file" if p.exists() else "does not exist"
-            raise UserError(f"tokenizer {p} {problem} (expected a Hugging Face tokenizer.json)")
-        try:
-            return cls(p.read_bytes(), p)
-        except OSError as e:
-            raise UserError(f"cannot read tokenizer {p}: {e.strerror}") from None
-
-    @property
-    def sha256(self) -> str:
-        return self._sha256
-
-    @property
-    def path(self) -> Path:
-        return self._path
-
-    @property
-    def model_bytes(self) -> bytes:
-        return self._bytes
 
     @property
     def vocab_size(self) -> int:
@@ -125,34 +100,23 @@ class HFTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
-    def token_byte_lengths(self) -> np.ndarray:
-        """int32 [vocab_size]: UTF-8 bytes each piece stands for, for bits per byte.
-
-        Byte-level pieces count one byte per character of GPT-2's alphabet (a piece may be part
+    def _piece_byte_lengths(self) -> np.ndarray:
+        """Byte-level pieces count one byte per character of GPT-2's alphabet (a piece may be part
         of a character), byte-fallback pieces `<0x..>` one byte, "▁" one space byte, special
         tokens 0. For a byte-level tokenizer the lengths of `encode(text)` sum to
         `len(text.encode())` exactly.
         """
-        if self._token_bytes is None:
-            alphabet = byte_level_alphabet() if self.byte_level else None
-            specials = {t["id"] for t in self._spec.get("added_tokens", []) if t["special"]}
-            lengths = np.zeros(self.vocab_size, dtype=np.int32)
-            for i in range(self.vocab_size):
-                piece = self.piece(i)
-                if piece is None or i in specials:
-                    continue
-                if alphabet is not None and all(c in alphabet for c in piece):
-                    lengths[i] = len(piece)
-                elif _BYTE_PIECE.fullmatch(piece):
-                    lengths[i] = 1
-                else:
-                    lengths[i] = len(piece.replace("\u2581", " ").encode("utf-8"))
-            lengths.flags.writeable = False
-            self._token_bytes = lengths
-        return self._token_bytes
-
-    def __repr__(self) -> str:
-        return (
-            f"HFTokenizer({str(self._path)!r}, vocab_size={self.vocab_size}, "
-            f"sha256={self._sha256[:12]})"
-        )
+        alphabet = byte_level_alphabet() if self.byte_level else None
+        specials = {t["id"] for t in self._spec.get("added_tokens", []) if t["special"]}
+        lengths = np.zeros(self.vocab_size, dtype=np.int32)
+        for i in range(self.vocab_size):
+            piece = self.piece(i)
+            if piece is None or i in specials:
+                continue
+            if alphabet is not None and all(c in alphabet for c in piece):
+                lengths[i] = len(piece)
+            elif _BYTE_PIECE.fullmatch(piece):
+                lengths[i] = 1
+            else:
+                lengths[i] = len(piece.replace("\u2581", " ").encode("utf-8"))
+        return lengths

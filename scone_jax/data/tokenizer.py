@@ -10,7 +10,6 @@ bytes and travels with every artifact made with the tokenizer.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import re
@@ -23,6 +22,7 @@ import sentencepiece as spm
 from scone_jax.atomic import atomic_write_bytes
 from scone_jax.data.hf_tokenizer import FILE_NAME as HF_FILE_NAME
 from scone_jax.data.hf_tokenizer import HFTokenizer
+from scone_jax.data.tokenizer_file import TokenizerFile
 from scone_jax.errors import UserError
 
 FILE_NAME = "tokenizer.model"
@@ -57,39 +57,24 @@ def find_tokenizer_file(directory: str | os.PathLike) -> Path:
     return directory / FILE_NAME
 
 
-class Tokenizer:
+class Tokenizer(TokenizerFile):
     """A loaded sentencepiece model plus where it came from and its sha256 fingerprint."""
 
     file_name = FILE_NAME
+    noun = "tokenizer model"
+    expected = "a sentencepiece .model file"
 
     def __init__(self, model_bytes: bytes, path: str | os.PathLike):
-        self._path = Path(path).absolute()
+        super().__init__(model_bytes, path)
         if not model_bytes:
-            raise UserError(
-                f"tokenizer model {self._path} is empty (expected a sentencepiece .model file)"
-            )
+            raise UserError(f"tokenizer model {self.path} is empty (expected {self.expected})")
         try:
             self._sp = spm.SentencePieceProcessor(model_proto=model_bytes)
         except (RuntimeError, OSError) as e:
             raise UserError(
-                f"tokenizer model {self._path} is not a valid sentencepiece model "
+                f"tokenizer model {self.path} is not a valid sentencepiece model "
                 f"({str(e).strip() or type(e).__name__})"
             ) from None
-        self._bytes = model_bytes
-        self._sha256 = hashlib.sha256(model_bytes).hexdigest()
-        self._token_bytes: np.ndarray | None = None
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> Tokenizer:
-        p = Path(path)
-        if not p.is_file():
-            problem = "is not a file" if p.exists() else "does not exist"
-            raise UserError(f"tokenizer model {p} {problem} (expected a sentencepiece .model file)")
-        try:
-            data = p.read_bytes()
-        except OSError as e:
-            raise UserError(f"cannot read tokenizer model {p}: {e.strerror}") from None
-        return cls(data, p)
 
     @classmethod
     def train(
@@ -140,19 +125,6 @@ class Tokenizer:
         return cls(data, out_path)
 
     @property
-    def sha256(self) -> str:
-        return self._sha256
-
-    @property
-    def path(self) -> Path:
-        return self._path
-
-    @property
-    def model_bytes(self) -> bytes:
-        """The serialized model (what `sha256` hashes); copy it to make a model file elsewhere."""
-        return self._bytes
-
-    @property
     def vocab_size(self) -> int:
         return self._sp.get_piece_size()
 
@@ -174,34 +146,23 @@ class Tokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self._sp.decode([int(i) for i in ids])
 
-    def token_byte_lengths(self) -> np.ndarray:
-        """int32 [vocab_size]: UTF-8 bytes each piece stands for, for bits per byte.
-
-        "▁" counts as one space byte, byte pieces `<0x..>` as 1, control, unknown and unused
-        pieces as 0. For text without "▁", the lengths of `encode(text)` sum to
-        `len(text.encode()) + (1 if text else 0)`: the one extra byte is the dummy-prefix
-        space sentencepiece puts in front of every non-empty text.
+    def _piece_byte_lengths(self) -> np.ndarray:
+        """Sentencepiece's pieces: "▁" counts as one space byte, byte pieces `<0x..>` as 1,
+        control, unknown and unused pieces as 0. For text without "▁", the lengths of
+        `encode(text)` sum to `len(text.encode()) + (1 if text else 0)`: the one extra byte is
+        the dummy-prefix space sentencepiece puts in front of every non-empty text.
         """
-        if self._token_bytes is None:
-            sp = self._sp
-            lengths = np.zeros(self.vocab_size, dtype=np.int32)
-            for i in range(self.vocab_size):
-                if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i):
-                    continue
-                lengths[i] = (
-                    1
-                    if sp.is_byte(i)
-                    else len(sp.id_to_piece(i).replace(META_SYMBOL, " ").encode("utf-8"))
-                )
-            lengths.flags.writeable = False
-            self._token_bytes = lengths
-        return self._token_bytes
-
-    def __repr__(self) -> str:
-        return (
-            f"Tokenizer({str(self._path)!r}, vocab_size={self.vocab_size}, "
-            f"sha256={self._sha256[:12]})"
-        )
+        sp = self._sp
+        lengths = np.zeros(self.vocab_size, dtype=np.int32)
+        for i in range(self.vocab_size):
+            if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i):
+                continue
+            lengths[i] = (
+                1
+                if sp.is_byte(i)
+                else len(sp.id_to_piece(i).replace(META_SYMBOL, " ").encode("utf-8"))
+            )
+        return lengths
 
 
 def _training_sentences(docs: Iterable[str], limit: int) -> list[str]:
