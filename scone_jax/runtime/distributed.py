@@ -149,6 +149,13 @@ def initialize(
     return topology
 
 
+def process_index() -> int:
+    """This process's index in the job joined by `initialize()`, 0 for a single process; without
+    importing jax, so commands that never touch devices can ask."""
+    topology = _state.get("topology")
+    return topology.process_id if topology is not None else 0  # type: ignore[attr-defined]
+
+
 def report_failure(exc: BaseException) -> None:
     """Tell the peers this process is failing with `exc` (a no-op without a watchdog)."""
     watchdog = _state.get("watchdog")
