@@ -77,7 +77,7 @@ def run(args) -> int:
         ("--backbone-out", args.backbone_out),
         ("--hf-out", args.hf_out),
     ]
-    with distributed.failures_reported(), writing(outputs, args.command_line):
+    with distributed.failures_reported(args.run_dir), writing(outputs, args.command_line):
         check_outputs(args)
         require_checkpoint(args.run_dir, args.step)
         scone = load_run_config(args.run_dir).fgrams.enabled

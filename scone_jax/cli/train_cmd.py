@@ -51,7 +51,7 @@ def run(args) -> int:
 
     distributed_args.initialize_from_args(args)
     with (
-        distributed.failures_reported(),
+        distributed.failures_reported(cfg.run_dir),
         writing([("run_dir", cfg.run_dir)], args.command_line),
     ):
         summary = train(cfg)
