@@ -43,7 +43,8 @@ test-sweeps: venv
 test-fidelity: venv
 	$(PY) -m pytest -n 2 -q -m slow tests/fidelity
 
-# the fault-injection suite (docs/reliability.md): kills, torn writes, corruption, full disk, bad input
+# the fault-injection suite (docs/reliability.md): kills, torn writes, corruption, full disk, a second
+# writer, a lost peer (about 10 minutes; the bad-input catalogue runs in make test)
 test-faults: venv
 	$(FAKE_DEVICES) $(PY) -m pytest -q -m slow tests/reliability
 

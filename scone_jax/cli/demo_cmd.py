@@ -24,9 +24,18 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from scone_jax.artifacts.lock import writing
+    from scone_jax.config import load_config
+
+    out = Path(args.out)
+    cfg = load_config("demo", [f"run_dir={out / 'run'}", *args.overrides])
+    with writing([("--out", out)], args.command_line):
+        return _demo(cfg, out)
+
+
+def _demo(cfg, out: Path) -> int:
     from scone_jax.artifacts.run_dir import CONFIG_FILE, checkpoints_dir
     from scone_jax.artifacts.table_store import META, parse_location, read_json
-    from scone_jax.config import load_config
     from scone_jax.evaluation.run import evaluate_run
     from scone_jax.export.backbone import export_backbone
     from scone_jax.export.table import export_table
@@ -35,8 +44,6 @@ def run(args) -> int:
     from scone_jax.serve.sampling import Sampling
     from scone_jax.train.loop import train
 
-    out = Path(args.out)
-    cfg = load_config("demo", [f"run_dir={out / 'run'}", *args.overrides])
     summary = train(cfg)
     run_dir = Path(summary["run_dir"])
     table, backbone = out / "table", out / "backbone"

@@ -51,7 +51,7 @@ def run(args) -> int:
     from scone_jax.evaluation.run import evaluate_run
 
     topology = distributed_args.initialize_from_args(args)
-    with distributed.failures_reported():
+    with distributed.failures_reported(args.run_dir):
         out = evaluate_run(args.run_dir, args.dataset, args.step, args.table, args.tier)
     if topology and topology.process_id != 0:
         return (

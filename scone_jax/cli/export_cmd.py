@@ -55,7 +55,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from scone_jax.artifacts.lock import writing
     from scone_jax.artifacts.run_dir import load_run_config, require_checkpoint
+    from scone_jax.artifacts.table_store import parse_location
     from scone_jax.errors import UserError
     from scone_jax.export.backbone import export_backbone
     from scone_jax.export.hf import export_hf
@@ -66,8 +68,10 @@ def run(args) -> int:
             raise UserError(f"--{name.replace('_', '-')}={getattr(args, name)} (expected > 0)")
     if not args.out and not args.hf_out:
         raise UserError("give --out TABLE_URL (the f-gram table), --hf-out DIR, or both")
+    table = parse_location(args.out).local_path if args.out else None  # None: an object store
+    outputs = [("--out", table), ("--backbone-out", args.backbone_out), ("--hf-out", args.hf_out)]
     topology = distributed_args.initialize_from_args(args)
-    with distributed.failures_reported():
+    with distributed.failures_reported(args.run_dir), writing(outputs, args.command_line):
         check_outputs(args)
         require_checkpoint(args.run_dir, args.step)
         scone = load_run_config(args.run_dir).fgrams.enabled

@@ -234,6 +234,7 @@ def _corpus(args, required: bool = True):
 
 
 def cmd_build(args) -> int:
+    from scone_jax.artifacts.lock import writing
     from scone_jax.fgrams import outofcore
     from scone_jax.fgrams.build import build_fgram_set, check_settings
     from scone_jax.fgrams.stats import format_stats
@@ -260,21 +261,22 @@ def cmd_build(args) -> int:
             "--beam-options, --beam-dataset, --beam-work-dir and --beam-no-prune need --backend "
             "beam"
         )
-    fs = build_fgram_set(
-        corpus,
-        args.out,
-        args.max_n,
-        args.num_fgrams,
-        args.min_count,
-        backend=args.backend,
-        memory_budget=budget,
-        workers=args.workers,
-        tmp_dir=args.tmp_dir,
-        with_stats=not args.no_stats,
-        overwrite=args.overwrite,
-        progress=not args.no_progress,
-        **kwargs,
-    )
+    with writing([("--out", args.out)], args.command_line):
+        fs = build_fgram_set(
+            corpus,
+            args.out,
+            args.max_n,
+            args.num_fgrams,
+            args.min_count,
+            backend=args.backend,
+            memory_budget=budget,
+            workers=args.workers,
+            tmp_dir=args.tmp_dir,
+            with_stats=not args.no_stats,
+            overwrite=args.overwrite,
+            progress=not args.no_progress,
+            **kwargs,
+        )
     if fs.stats:
         print(format_stats(fs.stats))
     print(f"wrote {fs.num_fgrams:,} f-grams to {args.out}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 import sys
 
 from scone_jax.errors import UserError
@@ -30,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # how the artifacts' locks name their holder (artifacts/lock.py)
+    args.command_line = shlex.join(["scone-jax", *(sys.argv[1:] if argv is None else argv)])
     try:
         code = args.func(args)
     except UserError as e:

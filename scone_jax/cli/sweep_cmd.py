@@ -54,6 +54,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from pathlib import Path
 
+    from scone_jax.artifacts.lock import writing
     from scone_jax.atomic import check_output_path
     from scone_jax.sweep.plan import plan_sweep
     from scone_jax.sweep.report import write_report
@@ -64,16 +65,16 @@ def run(args) -> int:
     spec = load_sweep(args.sweep)
     out = Path(args.out) if args.out else Path("runs") / "sweeps" / spec.name
     check_output_path(out, "sweep directory --out")
-    plan = plan_sweep(spec, out, args.overrides)
     launcher_args = shlex.split(args.launcher_args)
     if args.dry_run:
-        dry_run(plan, args.launcher, launcher_args)
+        dry_run(plan_sweep(spec, out, args.overrides), args.launcher, launcher_args)
         return 0
-    counts = run_sweep(plan, args.launcher, launcher_args)
-    print(
-        f"sweep {spec.name}: {counts['ran']} commands run, {counts['submitted']} runs submitted, "
-        f"{counts['skipped']} already done; results in {out}"
-    )
-    if args.report:
-        print(f"report: {write_report(out)}")
+    with writing([("sweep directory --out", out)], args.command_line):
+        counts = run_sweep(plan_sweep(spec, out, args.overrides), args.launcher, launcher_args)
+        print(
+            f"sweep {spec.name}: {counts['ran']} commands run, {counts['submitted']} runs "
+            f"submitted, {counts['skipped']} already done; results in {out}"
+        )
+        if args.report:
+            print(f"report: {write_report(out)}")
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from scone_jax.artifacts.lock import writing
 from scone_jax.config.schema import DataConfig
 from scone_jax.data.tokenize import TOKENIZER_FILE, build_dataset
 from scone_jax.errors import UserError
@@ -124,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
         max_default_corpus_mb=args.max_default_corpus_mb,
     )
     cfg.validate()
-    ds = build_dataset(cfg, args.out, append_eos=not args.no_eos, progress=not args.no_progress)
+    with writing([("--out", args.out)], args.command_line):
+        ds = build_dataset(cfg, args.out, append_eos=not args.no_eos, progress=not args.no_progress)
     print(
         f"tokenized {ds.num_docs} docs, {ds.num_tokens} tokens ({ds.meta['num_bytes']} bytes of "
         f"text), tokenizer vocab {ds.vocab_size} sha256 {ds.tokenizer_sha256[:12]} -> {ds.path}"

@@ -46,10 +46,14 @@ def run(args) -> int:
     if args.count_params:
         print(describe_params(cfg))
         return 0
+    from scone_jax.artifacts.lock import writing
     from scone_jax.train.loop import train
 
     distributed_args.initialize_from_args(args)
-    with distributed.failures_reported():
+    with (
+        distributed.failures_reported(cfg.run_dir),
+        writing([("run_dir", cfg.run_dir)], args.command_line),
+    ):
         summary = train(cfg)
     if summary["status"].startswith("stopped by"):
         return 143 if "SIGTERM" in summary["status"] else 130

@@ -23,6 +23,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import tensorstore as ts
 from jax.sharding import NamedSharding
 
 from scone_jax.artifacts.restore import RunParams, load_run_params, on_local_devices
@@ -190,6 +191,15 @@ def clear_leftover(work: Location) -> None:
         )  # nothing to resume: a table swapped out by an interrupted replace
 
 
+def take_down(work: Location) -> None:
+    """Remove a table that an export on an object store replaces, meta.json (what makes it a
+    table) first: there is no rename there, so a reader finds the old table or none, never one of
+    old and new rows. An interrupted replace leaves no table, and the rerun resumes the new one."""
+    store = kvstore(work)
+    store.write(META, None).result()  # None: delete
+    store.delete_range(ts.KvStore.KeyRange()).result()
+
+
 def create_arrays(
     work: Location, num_rows: int, width: int, dtype: str, chunk_rows: int, shard_rows: int
 ):
@@ -291,7 +301,8 @@ def export_table(
     checkpoint.
 
     A local table is written into `url.partial` and renamed into place when complete; an existing
-    table replaced with `overwrite` stays intact until then. A write the storage refuses is a
+    table replaced with `overwrite` stays intact until then. On an object store (no rename) the
+    table replaced is removed first (`take_down`). A write the storage refuses is a
     one-line UserError, and the finished ranges in `url.partial` are kept for the next try.
 
     In a multi-process job every process computes and writes its own blocks of whole shards on
@@ -310,7 +321,8 @@ def export_table(
             f"table {url} would live in one process's memory (expected a path or URL that "
             f"all {nproc} processes can write)"
         )
-    if read_json(final, META) is not None and not overwrite:
+    replacing = read_json(final, META) is not None
+    if replacing and not overwrite:
         raise UserError(f"table {url} already exists (remove it or pass --overwrite)")
     run = load_run_params(run_dir, step)
     if not run.cfg.fgrams.enabled:
@@ -354,7 +366,9 @@ def export_table(
     ranges = row_ranges(num_rows, range_rows)
     mine = assigned_ranges(ranges, math.lcm(range_rows, shard_rows), pid, nproc)
     with storage_errors(f"table {work.url}"):
-        if pid == 0:
+        if pid == 0 and final.local_path is None and replacing:
+            take_down(work)
+        elif pid == 0:
             clear_leftover(work)
         barrier("export-started")
         done = read_progress(work, header)

@@ -8,10 +8,12 @@ the job comes from: `runtime/cluster.py`; what stops the job when a peer is lost
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from scone_jax.runtime.cluster import Cluster, DistributedError, Timeouts, detect, timeouts_from_env
 from scone_jax.runtime.watchdog import Watchdog
@@ -149,6 +151,13 @@ def initialize(
     return topology
 
 
+def process_index() -> int:
+    """This process's index in the job joined by `initialize()`, 0 for a single process; without
+    importing jax, so commands that never touch devices can ask."""
+    topology = _state.get("topology")
+    return topology.process_id if topology is not None else 0  # type: ignore[attr-defined]
+
+
 def report_failure(exc: BaseException) -> None:
     """Tell the peers this process is failing with `exc` (a no-op without a watchdog)."""
     watchdog = _state.get("watchdog")
@@ -157,12 +166,19 @@ def report_failure(exc: BaseException) -> None:
 
 
 @contextmanager
-def failures_reported():
-    """Report any exception escaping the block to the peers, then re-raise it."""
+def failures_reported(run_dir: str | os.PathLike | None = None):
+    """Report any exception escaping the block to the peers, then re-raise it; a runtime error is
+    held until the watchdog knows whether a lost peer caused it, which ends the process with one
+    line (and the traceback in RUN_DIR/logs/, not on the terminal)."""
+    watchdog = _state.get("watchdog")
+    if watchdog is not None and run_dir is not None:
+        watchdog.log_dir = Path(run_dir) / "logs"  # type: ignore[attr-defined]
     try:
         yield
     except BaseException as e:
         report_failure(e)
+        if watchdog is not None:
+            watchdog.await_verdict()  # type: ignore[attr-defined]
         raise
 
 

@@ -6,6 +6,11 @@ fails with a Python exception keeps heartbeating while it waits in jax's shutdow
 its peers sit in their next collective until `shutdown_timeout`. The watchdog (a daemon thread)
 publishes this process's heartbeat and failure in the coordination service's key-value store
 and ends the process with one line naming the peer when a peer fails or falls silent.
+
+A collective that fails because a peer died (gloo: "Connection reset by peer") raises a runtime
+error at once; from then on a peer silent for `AFTER_ERROR_S` (not the whole peer timeout) is
+lost, since a live peer beats every second. The process then ends within seconds of the death,
+with the one line on the terminal and the error's traceback in a file (`log_dir`).
 """
 
 from __future__ import annotations
@@ -15,12 +20,16 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Mapping
+from pathlib import Path
 
 from scone_jax.errors import UserError
 
 PEER_LOST_EXIT_CODE = 75  # EX_TEMPFAIL: rerun the job to resume from the last checkpoint
 KV_PREFIX = "scone_jax/watchdog"
+# the silence that loses a peer once a collective has failed (capped at the peer timeout)
+AFTER_ERROR_S = 5.0
 
 
 class PeerMonitor:
@@ -34,17 +43,26 @@ class PeerMonitor:
     def __init__(self, process_id: int, num_processes: int, timeout_s: float, now: float):
         self.process_id, self.num_processes, self.timeout_s = process_id, num_processes, timeout_s
         self.peers = [p for p in range(num_processes) if p != process_id]
+        # per peer: its last beat, when it was first seen, and the look before (the beat came after)
         self._last: dict[int, tuple[str | None, float]] = {p: (None, now) for p in self.peers}
+        self._beat_after = {p: -float("inf") for p in self.peers}
+        self._looked_at = now
 
     def all_alive_since(self, moment: float, entries: Mapping[str, str]) -> bool:
-        """Whether every peer has beaten (or announced its exit) after `moment`: none is lost
-        then."""
+        """Whether every peer has certainly beaten (or announced its exit) after `moment`: none
+        is lost then. A new beat was made after the look before the one that saw it."""
         return all(
-            self._last[p][1] > moment or f"{KV_PREFIX}/exiting/{p}" in entries for p in self.peers
+            self._beat_after[p] > moment or f"{KV_PREFIX}/exiting/{p}" in entries
+            for p in self.peers
         )
 
-    def observe(self, entries: Mapping[str, str], now: float) -> str | None:
-        """One line naming the lost peer, or None while every peer is fine."""
+    def observe(
+        self, entries: Mapping[str, str], now: float, limit_s: float | None = None
+    ) -> str | None:
+        """One line naming the lost peer, or None while every peer is fine; a peer is lost after
+        `limit_s` of silence (default: the timeout)."""
+        limit_s = self.timeout_s if limit_s is None else limit_s
+        looked_before, self._looked_at = self._looked_at, now
         for p in self.peers:
             failed = entries.get(f"{KV_PREFIX}/failed/{p}")
             if failed is not None:
@@ -55,11 +73,11 @@ class PeerMonitor:
             beat = entries.get(f"{KV_PREFIX}/beat/{p}")
             last_beat, since = self._last[p]
             if beat != last_beat:
-                self._last[p] = (beat, now)
-            elif now - since > self.timeout_s:
+                self._last[p], self._beat_after[p] = (beat, now), looked_before
+            elif now - since > limit_s:
                 return (
                     f"process {p} of {self.num_processes} is lost (no heartbeat for "
-                    f"{now - since:.0f}s, limit {self.timeout_s:g}s)"
+                    f"{now - since:.0f}s, limit {limit_s:g}s)"
                 )
         return None
 
@@ -84,8 +102,10 @@ class Watchdog:
         self.interval_s = min(1.0, timeout_s / 10)
         self.monitor = PeerMonitor(process_id, num_processes, timeout_s, time.monotonic())
         self._stop = threading.Event()
+        self.log_dir: Path | None = None  # where a lost peer's traceback goes (else nowhere)
         self._failed_code: int | None = None  # set once this process's failure is published
-        self._pending: tuple[int, str, float] | None = None  # a runtime error, not yet published
+        # a runtime error, not yet published: (exit code, line, when, the exception)
+        self._pending: tuple[int, str, float, BaseException] | None = None
         self._thread = threading.Thread(target=self._run, name="scone-jax-watchdog", daemon=True)
 
     def start(self) -> None:
@@ -117,13 +137,12 @@ class Watchdog:
                 return
             if self._failed_code is not None:
                 continue  # this process is already on its way out; it only keeps the heartbeat
-            verdict = self.monitor.observe(entries, time.monotonic())
-            if verdict:
-                self._die(verdict)
             pending = self._pending
-            if pending is not None and self.monitor.all_alive_since(
-                pending[2] + self.interval_s, entries
-            ):
+            limit = min(self.timeout_s, AFTER_ERROR_S) if pending else None
+            verdict = self.monitor.observe(entries, time.monotonic(), limit)
+            if verdict:
+                self._die(verdict + (", after a collective failed" if pending else ""))
+            if pending is not None and self.monitor.all_alive_since(pending[2], entries):
                 self._publish(
                     pending[0], pending[1]
                 )  # every peer is alive: the error was this process's own
@@ -133,13 +152,28 @@ class Watchdog:
             self._set("acked", "1")  # lets a failed coordinator know its message was read
         except Exception:  # noqa: BLE001
             pass
+        logged = self._log_pending_traceback()
         print(
             f"scone-jax: {verdict}; stopping process {self.process_id}. Rerun the job to resume "
-            f"(training from its last checkpoint, an export from its finished rows).",
+            f"(training from its last checkpoint, an export from its finished rows)."
+            + (f" This process's traceback: {logged}" if logged else ""),
             file=sys.stderr,
             flush=True,
         )
         os._exit(PEER_LOST_EXIT_CODE)
+
+    def _log_pending_traceback(self) -> Path | None:
+        """Write the held-back runtime error's traceback to `log_dir`; its path, or None."""
+        pending = self._pending
+        if pending is None or self.log_dir is None:
+            return None
+        path = self.log_dir / f"traceback.process_{self.process_id}.txt"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(traceback.format_exception(pending[3])), encoding="utf-8")
+        except OSError:
+            return None
+        return path
 
     def report_failure(self, exc: BaseException) -> None:
         """Tell the peers this process failed, so they stop now instead of in a collective's
@@ -156,9 +190,21 @@ class Watchdog:
             f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc) else type(exc).__name__
         )[:300]
         if type(exc).__name__ in ("JaxRuntimeError", "XlaRuntimeError"):
-            self._pending = (code, line, time.monotonic())
+            self._pending = (code, line, time.monotonic(), exc)
         else:
             self._publish(code, line)
+
+    def await_verdict(self) -> None:
+        """Block while a held-back runtime error waits for the watchdog: it ends this process
+        naming a lost peer, or publishes the error as this process's own; past the longest that
+        can take, publish it here."""
+        if self._pending is None:
+            return
+        deadline = time.monotonic() + self.timeout_s + 3 * self.interval_s
+        while self._failed_code is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self._failed_code is None:
+            self._publish(*self._pending[:2])
 
     def _publish(self, code: int, line: str) -> None:
         self._failed_code = code
@@ -168,13 +214,7 @@ class Watchdog:
             pass
 
     def _at_exit(self) -> None:
-        if self._pending is not None and self._failed_code is None:
-            # the watchdog decides: it ends the process naming a lost peer, or publishes the error
-            deadline = time.monotonic() + self.timeout_s + 3 * self.interval_s
-            while self._failed_code is None and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if self._failed_code is None:
-                self._publish(*self._pending[:2])
+        self.await_verdict()
         if self._failed_code is None:
             try:
                 self._set("exiting", "1")

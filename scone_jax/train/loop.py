@@ -33,6 +33,7 @@ from scone_jax.errors import UserError
 from scone_jax.metrics.flops import peak_flops
 from scone_jax.metrics.writers import MetricsWriter
 from scone_jax.progress import progress_bar
+from scone_jax.runtime.distributed import report_failure
 from scone_jax.train.init_from import initial_state
 from scone_jax.train.profile import StepProfiler
 from scone_jax.train.session import evaluate, open_session
@@ -205,6 +206,9 @@ def train(cfg: Config) -> dict:
                     stopped_by = signal.Signals(received[0]).name if received else "a peer's signal"
                     break
         clean = True
+    except BaseException as e:
+        report_failure(e)  # now: the clean-up below may wait on a peer that is gone
+        raise
     finally:
         bar.close()
         profiler.close()

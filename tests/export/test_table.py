@@ -74,6 +74,37 @@ def test_memory_kvstore_url_round_trips(run):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_an_object_store_table_replaced_is_the_old_one_or_none_or_the_new_one(run, monkeypatch):
+    # no rename on an object store: an --overwrite interrupted midway must not leave the old
+    # meta.json over a mix of old and new rows (it used to write into the live table)
+    run_dir, _ = run
+    url, fresh = "memory://tables/replaced", "memory://tables/fresh"
+    export_table(run_dir, url, dtype="int8", progress=False, range_rows=64)
+    import scone_jax.export.table as table_module
+
+    real, calls = table_module.compute_range, []
+
+    def failing_after_one_range(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("interrupted")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(table_module, "compute_range", failing_after_one_range)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        export_table(run_dir, url, progress=False, range_rows=64, overwrite=True)
+    with pytest.raises(UserError, match="not a complete f-gram table"):
+        open_table(url, "host")
+    monkeypatch.setattr(table_module, "compute_range", real)
+    resumed = export_table(run_dir, url, progress=False, range_rows=64)  # no table left to refuse
+    straight = export_table(run_dir, fresh, progress=False, range_rows=64)
+    assert resumed["dtype"] == "float32" and resumed["checksum"] == straight["checksum"]
+    np.testing.assert_array_equal(
+        open_table(url, "host").gather(np.arange(straight["num_rows"])),
+        open_table(fresh, "host").gather(np.arange(straight["num_rows"])),
+    )
+
+
 def test_existing_table_is_not_overwritten(run):
     run_dir, root = run
     export_table(run_dir, str(root / "keep"), progress=False)

@@ -10,6 +10,8 @@ import threading
 import time
 from pathlib import Path
 
+from tests.train.helpers import read_metrics
+
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO / "launch" / "local.py"
 WORKER = Path(__file__).resolve().with_name("worker.py")
@@ -84,3 +86,38 @@ def worker_job(
 
 def scone_job(n: int, *scone_args: str, devices: int = 4, env: dict[str, str] | None = None) -> Job:
     return Job([f"--devices-per-process={devices}", str(n), *scone_args], env)
+
+
+def scone_process_pids(launcher_pid: int) -> dict[int, int]:
+    """{SCONE_PROCESS_ID: pid} of the launcher's children (Linux /proc)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if (
+                not entry.name.isdigit()
+                or int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) != launcher_pid
+            ):
+                continue
+            env = dict(
+                kv.split("=", 1)
+                for kv in (entry / "environ").read_bytes().decode().split("\0")
+                if "=" in kv
+            )
+        except (OSError, ValueError):
+            continue
+        if "SCONE_PROCESS_ID" in env:
+            found[int(env["SCONE_PROCESS_ID"])] = int(entry.name)
+    return found
+
+
+def wait_for_step(run_dir: Path, step: int, job, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert job.proc.poll() is None, f"job ended early:\n{job.output[-3000:]}"
+        try:
+            if any(r["step"] >= step for r in read_metrics(run_dir)):
+                return
+        except (FileNotFoundError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} not reached:\n{job.output[-3000:]}")

@@ -8,7 +8,6 @@ Reductions cross processes through gloo, so equality is to float rounding, not b
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import jax
@@ -19,46 +18,11 @@ from scone_jax.artifacts.checkpoint import Checkpointer
 from scone_jax.config import load_config
 from scone_jax.train.loop import train
 from scone_jax.train.session import open_session
-from tests.multihost.helpers import scone_job
-from tests.train.helpers import losses, read_metrics, tiny_overrides
+from tests.multihost.helpers import scone_job, scone_process_pids, wait_for_step
+from tests.train.helpers import losses, tiny_overrides
 
 STEPS = 16
 MESH = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "checkpoint.every": 4}
-
-
-def _scone_process_pids(launcher_pid: int) -> dict[int, int]:
-    """{SCONE_PROCESS_ID: pid} of the launcher's children (Linux /proc)."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            if (
-                not entry.name.isdigit()
-                or int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) != launcher_pid
-            ):
-                continue
-            env = dict(
-                kv.split("=", 1)
-                for kv in (entry / "environ").read_bytes().decode().split("\0")
-                if "=" in kv
-            )
-        except (OSError, ValueError):
-            continue
-        if "SCONE_PROCESS_ID" in env:
-            found[int(env["SCONE_PROCESS_ID"])] = int(entry.name)
-    return found
-
-
-def _wait_for_step(run_dir: Path, step: int, job, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert job.proc.poll() is None, f"job ended early:\n{job.output[-3000:]}"
-        try:
-            if any(r["step"] >= step for r in read_metrics(run_dir)):
-                return
-        except (FileNotFoundError, ValueError):
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"step {step} not reached:\n{job.output[-3000:]}")
 
 
 def _final_params(cfg, run_dir: Path, session) -> list[np.ndarray]:
@@ -81,8 +45,8 @@ def test_two_processes_resume_after_a_lost_peer_and_match_one_process(markov_dat
     args = ["train", "tiny", *tiny_overrides(markov_dataset.path, multi, STEPS, **MESH)]
     env = {"SCONE_PEER_TIMEOUT": "8"}
     job = scone_job(2, *args, env=env)
-    _wait_for_step(multi, 6, job)
-    os.kill(_scone_process_pids(job.proc.pid)[1], signal.SIGKILL)
+    wait_for_step(multi, 6, job)
+    os.kill(scone_process_pids(job.proc.pid)[1], signal.SIGKILL)
     job.finish(120)
     job.wait_for(r"^\[p0\] scone-jax: process 1 of 2 is lost .*; stopping process 0")
     assert job.status(0) == 75

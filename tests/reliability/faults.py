@@ -2,8 +2,8 @@
 
 In-process faults patch Python's file writes; faults in another process go through
 `faulty_cli` (kill at the N-th write under a path; RLIMIT_FSIZE, which also stops native
-writers such as tensorstore; or a hang after the N-th call of a function, for a kill at a
-known point of a job whose speed the test must not depend on).
+writers such as tensorstore; or a hang or a stop after the N-th call of a function, for a kill,
+or a second job, at a known point of a job whose speed the test must not depend on).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from scone_jax.config import load_config, save_config
-from tests.reliability.faulty_cli import HANG_MESSAGE
+from tests.reliability.faulty_cli import HANG_MESSAGE, STOP_MESSAGE
 from tests.train.helpers import REPO
 
 TALLY = (
@@ -58,6 +59,7 @@ def faulty_cli(
     count_writes: Path | None = None,
     file_size_limit: int | None = None,
     hang_after_call: tuple[str, int] | None = None,
+    stop_after_call: tuple[str, int] | None = None,
 ) -> subprocess.Popen:
     """Start `scone-jax ARGS` in a fresh process on `devices` fake CPU devices, with the faults
     given armed (see faulty_cli.py).
@@ -74,6 +76,8 @@ def faulty_cli(
         faults += ["--file-size-limit", str(file_size_limit)]
     if hang_after_call:
         faults += ["--hang-after-call", hang_after_call[0], str(hang_after_call[1])]
+    if stop_after_call:
+        faults += ["--stop-after-call", stop_after_call[0], str(stop_after_call[1])]
     return subprocess.Popen(
         [sys.executable, "-m", "tests.reliability.faulty_cli", *faults, "--", *args],
         cwd=REPO,
@@ -95,6 +99,17 @@ def wait_for_hang(proc: subprocess.Popen) -> None:
         if line.startswith(HANG_MESSAGE):
             return
     raise AssertionError(f"the process ended ({proc.wait()}) before its armed hang")
+
+
+def wait_for_stop(proc: subprocess.Popen) -> None:
+    """Read the process's stderr until `faulty_cli --stop-after-call` says it stops, then until
+    the kernel shows it stopped."""
+    for line in proc.stderr:
+        if line.startswith(STOP_MESSAGE):
+            while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+                time.sleep(0.01)
+            return
+    raise AssertionError(f"the process ended ({proc.wait()}) before its armed stop")
 
 
 def writes_seen(stderr: str) -> list[str]:

@@ -8,6 +8,9 @@
     --hang-after-call FUNC N   stop for good after the N-th call of FUNC (`module.attribute`, as
                                the caller looks it up) returns, printing `fault: hanging ...`: the
                                test then kills the process at a known point, however fast it runs
+    --stop-after-call FUNC N   SIGSTOP this process after the N-th call of FUNC returns, printing
+                               `fault: stopped ...` first: it is frozen at a known point, holding
+                               whatever it holds, until the test sends SIGCONT
 
 Writes are printed to stderr as they happen, so a failing test shows where it killed.
 """
@@ -25,6 +28,7 @@ import signal
 import sys
 
 HANG_MESSAGE = "fault: hanging"
+STOP_MESSAGE = "fault: stopped"
 
 
 def _path_of(target) -> str:
@@ -82,23 +86,43 @@ def arm_write_hooks(prefix: str, kill_at: int | None) -> None:
     )
 
 
-def arm_hang(function: str, after: int) -> None:
-    """Replace `module.attribute` with a wrapper that never returns from its `after`-th call."""
+def arm_after_call(function: str, after: int, fault) -> None:
+    """Replace `module.attribute` with a wrapper that calls `fault(calls)` once its `after`-th call
+    has returned."""
     module_name, name = function.rsplit(".", 1)
     module = importlib.import_module(module_name)
     real, calls = getattr(module, name), 0
 
-    def hanging(*args, **kwargs):
+    def wrapper(*args, **kwargs):
         nonlocal calls
         result = real(*args, **kwargs)
         calls += 1
         if calls == after:
-            print(f"{HANG_MESSAGE} after call #{calls} of {function}", file=sys.stderr, flush=True)
-            while True:
-                signal.pause()
+            fault(calls)
         return result
 
-    setattr(module, name, hanging)
+    setattr(module, name, wrapper)
+
+
+def arm_hang(function: str, after: int) -> None:
+    """Never return from the `after`-th call of `function`."""
+
+    def hang(calls: int) -> None:
+        print(f"{HANG_MESSAGE} after call #{calls} of {function}", file=sys.stderr, flush=True)
+        while True:
+            signal.pause()
+
+    arm_after_call(function, after, hang)
+
+
+def arm_stop(function: str, after: int) -> None:
+    """SIGSTOP this process after the `after`-th call of `function`; it goes on at SIGCONT."""
+
+    def stop(calls: int) -> None:
+        print(f"{STOP_MESSAGE} after call #{calls} of {function}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    arm_after_call(function, after, stop)
 
 
 def main() -> int:
@@ -109,6 +133,7 @@ def main() -> int:
     parser.add_argument("--count-writes", metavar="PREFIX")
     parser.add_argument("--file-size-limit", type=int, metavar="BYTES")
     parser.add_argument("--hang-after-call", nargs=2, metavar=("FUNC", "N"))
+    parser.add_argument("--stop-after-call", nargs=2, metavar=("FUNC", "N"))
     faults = parser.parse_args(argv[:split])
     if faults.file_size_limit is not None:  # Python ignores SIGXFSZ, so the write fails with EFBIG
         resource.setrlimit(resource.RLIMIT_FSIZE, (faults.file_size_limit, resource.RLIM_INFINITY))
@@ -118,6 +143,8 @@ def main() -> int:
         arm_write_hooks(faults.count_writes, None)
     if faults.hang_after_call:
         arm_hang(faults.hang_after_call[0], int(faults.hang_after_call[1]))
+    if faults.stop_after_call:
+        arm_stop(faults.stop_after_call[0], int(faults.stop_after_call[1]))
     from scone_jax.cli.main import main as scone_jax_main
 
     return scone_jax_main(argv[split + 1 :])

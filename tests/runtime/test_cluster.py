@@ -150,8 +150,19 @@ def test_peer_monitor_reports_failures_and_ignores_peers_that_exit_normally():
 def test_peer_monitor_knows_when_every_peer_has_beaten_since_a_moment():
     m = PeerMonitor(process_id=0, num_processes=3, timeout_s=10, now=0.0)
     m.observe(_entries(p1=1, p2=1), now=1.0)
-    m.observe(_entries(p1=2, p2=1), now=5.0)  # process 2 has not beaten since t=1
+    m.observe(_entries(p1=1, p2=1), now=4.0)
+    m.observe(_entries(p1=2, p2=1), now=5.0)  # process 1 beat after t=4; process 2 before t=1
     assert not m.all_alive_since(3.0, {})
     assert m.all_alive_since(3.0, {f"{KV_PREFIX}/exiting/2": "1"})
     m.observe(_entries(p1=3, p2=2), now=6.0)
+    assert m.all_alive_since(3.0, {})
+
+
+def test_a_beat_first_seen_just_after_a_moment_may_predate_it():
+    # the beat seen at t=3.5 may have come at any time after the look at t=1
+    m = PeerMonitor(process_id=0, num_processes=2, timeout_s=10, now=0.0)
+    m.observe(_entries(p1=1), now=1.0)
+    m.observe(_entries(p1=2), now=3.5)
+    assert not m.all_alive_since(3.0, {})
+    m.observe(_entries(p1=3), now=4.5)
     assert m.all_alive_since(3.0, {})

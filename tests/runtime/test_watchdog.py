@@ -1,0 +1,105 @@
+"""The watchdog's decision after a runtime error, against an in-memory key-value store: a peer
+gone silent is lost after the short limit (not the whole peer timeout), with the error's
+traceback in a file; with every peer alive, the error is published as this process's own."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import scone_jax.runtime.watchdog as watchdog_module
+from scone_jax.runtime.watchdog import KV_PREFIX, PeerMonitor, Watchdog
+
+
+class JaxRuntimeError(RuntimeError):
+    """Named like jax's runtime error (what a collective broken by a dead peer raises)."""
+
+
+class FakeClient:
+    """The two key-value calls the watchdog makes, on a dict."""
+
+    def __init__(self):
+        self.kv: dict[str, str] = {}
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+        self.kv[key] = value
+
+    def key_value_dir_get(self, prefix):
+        return [(k, v) for k, v in list(self.kv.items()) if k.startswith(prefix)]
+
+
+@pytest.fixture
+def watchdog(monkeypatch, tmp_path):
+    """A running watchdog of process 0 of 2 (peer timeout 60 s, short limit 1 s), whose verdicts
+    are recorded instead of ending the test's process."""
+    monkeypatch.setattr(watchdog_module, "AFTER_ERROR_S", 1.0)
+    monkeypatch.setattr(watchdog_module.atexit, "register", lambda f: None)
+    client = FakeClient()
+    dog = Watchdog(client, 0, 2, 60.0, "localhost:1")
+    dog.log_dir = tmp_path / "logs"
+    dog.verdicts, dog.ended = [], threading.Event()
+
+    def record(verdict):
+        dog.verdicts.append((verdict, dog._log_pending_traceback()))
+        dog._stop.set()
+        dog.ended.set()
+
+    monkeypatch.setattr(dog, "_die", record)
+    dog.start()
+    yield dog
+    dog._stop.set()
+
+
+def failing_collective() -> JaxRuntimeError:
+    try:
+        raise JaxRuntimeError("INTERNAL: gloo: Connection reset by peer")
+    except JaxRuntimeError as e:
+        return e
+
+
+def test_the_short_limit_applies_when_asked():
+    m = PeerMonitor(process_id=0, num_processes=2, timeout_s=60, now=0.0)
+    beat = {f"{KV_PREFIX}/beat/1": "1"}
+    assert m.observe(beat, now=1.0) is None
+    assert m.observe(beat, now=5.0) is None  # silent 4 s: fine under the 60 s timeout
+    assert m.observe(beat, now=5.0, limit_s=3.0) == (
+        "process 1 of 2 is lost (no heartbeat for 4s, limit 3s)"
+    )
+
+
+def test_a_runtime_error_with_a_silent_peer_names_it_after_the_short_limit(watchdog):
+    watchdog.client.kv[f"{KV_PREFIX}/beat/1"] = "7"  # beat once, then died
+    watchdog.report_failure(failing_collective())
+    # the peer timeout is 60 s: a verdict well before it comes from the short limit
+    assert watchdog.ended.wait(20), "no verdict 20 s after the error (the short limit is 1 s)"
+    [(verdict, logged)] = watchdog.verdicts
+    assert verdict.startswith("process 1 of 2 is lost (no heartbeat for ")
+    assert verdict.endswith("limit 1s), after a collective failed")
+    assert logged == watchdog.log_dir / "traceback.process_0.txt"
+    text = logged.read_text()
+    assert text.startswith("Traceback (most recent call last)") and "Connection reset" in text
+    assert f"{KV_PREFIX}/failed/0" not in watchdog.client.kv  # the peer's loss, not this error
+
+
+def test_a_runtime_error_of_its_own_is_published_while_the_peer_beats(watchdog):
+    beating = threading.Event()
+
+    def peer():
+        beat = 0
+        while not beating.wait(0.1):
+            beat += 1
+            watchdog.client.kv[f"{KV_PREFIX}/beat/1"] = str(beat)
+
+    thread = threading.Thread(target=peer, daemon=True)
+    thread.start()
+    try:
+        watchdog.report_failure(failing_collective())
+        watchdog.await_verdict()
+    finally:
+        beating.set()
+        thread.join()
+    assert watchdog.verdicts == []
+    assert watchdog.client.kv[f"{KV_PREFIX}/failed/0"] == (
+        "JaxRuntimeError: INTERNAL: gloo: Connection reset by peer"
+    )
