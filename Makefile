@@ -39,7 +39,7 @@ test-sweeps: venv
 	$(FAKE_DEVICES) $(PY) -m pytest -q -m slow tests/sweep
 
 # a real SLURM cluster on 127.0.0.1 (Debian's slurm-wlm and munge, installed when missing; needs
-# root): submit, a time limit, preemption, requeue and a lost node (tests/slurm; about 6 minutes)
+# root): submit, a time limit, preemption, requeue and a lost node (tests/slurm; about 9 minutes)
 test-slurm: venv
 	tests/slurm/install_slurm.sh
 	$(PY) -m pytest -q -m slurm tests/slurm

@@ -5,7 +5,7 @@ set -euo pipefail
 programs=(munged slurmctld slurmd sbatch srun scontrol scancel sinfo squeue setsid)
 missing() { for p in "${programs[@]}"; do command -v "$p" >/dev/null || printf '%s ' "$p"; done; }
 [[ -z "$(missing)" ]] && exit 0
-if [[ "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null; then
+if [[ "$EUID" != 0 ]] || ! command -v apt-get >/dev/null; then
     echo "error: missing $(missing)and cannot install them here: need root and apt-get" \
         "(apt-get install -y slurm-wlm munge)" >&2
     exit 1

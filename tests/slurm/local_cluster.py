@@ -122,11 +122,11 @@ def slurm_conf(root: Path, names: list[str], cpus: int, ports: list[int]) -> str
 class LocalCluster:
     """Start with `with LocalCluster(nodes=2) as cluster:`; `cluster.env` reaches it."""
 
-    def __init__(self, nodes: int = 2, cpus: int = 2, root: Path | None = None):
+    def __init__(self, root: Path, nodes: int = 2, cpus: int = 2):
         if nodes not in (1, 2):
             raise ValueError(f"nodes={nodes}; expected 1 or 2")
         self.nodes, self.cpus = nodes, cpus
-        self.root = Path(root or tempfile.mkdtemp(prefix="scone-slurm-"))
+        self.root = Path(root)  # kept afterwards: the daemons' logs
         self.conf = self.root / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self._procs: list[tuple[str, subprocess.Popen]] = []
@@ -242,12 +242,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=2, choices=(1, 2))
     args = parser.parse_args()
-    with LocalCluster(args.nodes) as cluster:
-        print(f"SLURM cluster up: export SLURM_CONF={cluster.conf}   (Ctrl-C stops it)", flush=True)
-        try:
-            signal.pause()
-        except KeyboardInterrupt:
-            pass
+    with tempfile.TemporaryDirectory(prefix="scone-slurm-") as root:
+        with LocalCluster(Path(root), args.nodes) as cluster:
+            print(f"SLURM cluster up: export SLURM_CONF={cluster.conf}   (Ctrl-C stops it)")
+            signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops it too
+            try:
+                signal.pause()
+            except KeyboardInterrupt:
+                pass
 
 
 if __name__ == "__main__":

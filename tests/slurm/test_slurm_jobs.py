@@ -37,8 +37,8 @@ LOST_PEER_TIMEOUT_S = 5
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with LocalCluster(nodes=2) as c:
+def cluster(tmp_path_factory):
+    with LocalCluster(tmp_path_factory.mktemp("slurm_cluster"), nodes=2) as c:
         yield c
 
 
