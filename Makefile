@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 FAKE_DEVICES := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
-.PHONY: venv demo test test-slow test-all test-faults test-multihost test-sweeps test-fidelity bench gpu-check lint clean
+.PHONY: venv demo test test-slow test-all test-faults test-multihost test-sweeps test-slurm test-fidelity bench gpu-check lint clean
 
 venv:
 	@want=$$($(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "need Python >= 3.11"; print("%d.%d" % sys.version_info[:2])') \
@@ -37,6 +37,12 @@ test-multihost: venv
 # a whole sweep end to end: runs, skips what is done, resumes, reports (about 4 minutes)
 test-sweeps: venv
 	$(FAKE_DEVICES) $(PY) -m pytest -q -m slow tests/sweep
+
+# a real SLURM cluster on 127.0.0.1 (Debian's slurm-wlm and munge, installed when missing; needs
+# root): submit, a time limit, preemption, requeue and a lost node (tests/slurm; about 9 minutes)
+test-slurm: venv
+	tests/slurm/install_slurm.sh
+	$(PY) -m pytest -q -m slurm tests/slurm
 
 # the shipped SCONE presets against their baselines on the embedded corpus, 3 fresh seeds per
 # family (docs/fidelity.md; about 15 minutes on 2 cores)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 
 from scone_jax.cli import distributed_args
 from scone_jax.config import load_config
@@ -56,6 +57,9 @@ def run(args) -> int:
     ):
         summary = train(cfg)
     if summary["status"].startswith("stopped by"):
+        # saved: a later SIGTERM (srun ending the step once a peer has exited) must not turn this
+        # exit into a death by signal during jax's shutdown
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return 143 if "SIGTERM" in summary["status"] else 130
     return 0
 

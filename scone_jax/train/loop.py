@@ -57,14 +57,17 @@ def stop_on_signals(signals=(signal.SIGTERM, signal.SIGINT)):
             signal.signal(s, handler)
 
 
-def stop_agreed(received: list[int]) -> bool:
-    """Whether any process got SIGTERM/SIGINT: all must stop at the same step, or they would
-    wait forever in different collectives."""
+def stop_agreed(received: list[int]) -> int:
+    """The signal all processes stop on now (0: none), the first one any process got: all must
+    stop at the same step, or they would wait forever in different collectives, and all name the
+    same signal (the exit status), also a process whose own copy has not arrived yet."""
+    mine = np.int32(received[0] if received else 0)
     if jax.process_count() == 1:
-        return bool(received)
+        return int(mine)
     from jax.experimental import multihost_utils
 
-    return bool(np.any(multihost_utils.process_allgather(np.int32(bool(received)))))
+    everyone = np.ravel(multihost_utils.process_allgather(mine))
+    return int(next((s for s in everyone if s), 0))
 
 
 def train(cfg: Config) -> dict:
@@ -152,8 +155,9 @@ def train(cfg: Config) -> dict:
     )
     window_start, window_steps, window_flops = time.perf_counter(), 0, 0.0
     clean = False
-    try:
-        with stop_on_signals() as received:
+    # through the final save too: a second SIGTERM (srun ending the step) must not cut it short
+    with stop_on_signals() as received:
+        try:
             while step < total:
                 with profiler.step(step):  # the batch too: SCONE's forest is built on the host
                     batch = next(batches)
@@ -202,24 +206,24 @@ def train(cfg: Config) -> dict:
                     window_start, window_steps, window_flops = time.perf_counter(), 0, 0.0
                 logged = step
                 ckpt.maybe_save(step, state)
-                if stop_agreed(received):
-                    stopped_by = signal.Signals(received[0]).name if received else "a peer's signal"
+                if stop := stop_agreed(received):
+                    stopped_by = signal.Signals(stop).name
                     break
-        clean = True
-    except BaseException as e:
-        report_failure(e)  # now: the clean-up below may wait on a peer that is gone
-        raise
-    finally:
-        bar.close()
-        profiler.close()
-        # a save is collective: after an error on one process its peers cannot join one
-        can_save = clean or jax.process_count() == 1
-        try:
-            if can_save and step > start and logged == step and ckpt.latest_step() != step:
-                ckpt.maybe_save(step, state, force=True)
+            clean = True
+        except BaseException as e:
+            report_failure(e)  # now: the clean-up below may wait on a peer that is gone
+            raise
         finally:
-            ckpt.close()
-            writer.close()
+            bar.close()
+            profiler.close()
+            # a save is collective: after an error on one process its peers cannot join one
+            can_save = clean or jax.process_count() == 1
+            try:
+                if can_save and step > start and logged == step and ckpt.latest_step() != step:
+                    ckpt.maybe_save(step, state, force=True)
+            finally:
+                ckpt.close()
+                writer.close()
     summary["end_step"] = step
     summary["status"] = f"stopped by {stopped_by}" if stopped_by else "complete"
     if (
@@ -237,4 +241,10 @@ def train(cfg: Config) -> dict:
             f"metrics in {run_dir / 'metrics.jsonl'}"
         )
         print(msg, flush=True)
+    elif stopped_by:  # every process says where it stopped: the same step on all of them
+        print(
+            f"process {jax.process_index()} of {jax.process_count()}: {stopped_by}: saved step "
+            f"{step} with the others",
+            flush=True,
+        )
     return summary

@@ -91,13 +91,35 @@ def test_slurm_submit_dry_run_prints_sbatch_and_srun():
     assert srun.startswith("# on the allocation: ")
     assert shlex.split(srun.removeprefix("# on the allocation: ")) == [
         "srun",
-        "--ntasks-per-node=1",
         "--kill-on-bad-exit=1",
         "python3",
         "-m",
         "scone_jax.cli.main",
         *TRAIN,
     ]
+
+
+def test_slurm_submit_dry_run_with_tasks_per_node_and_an_interpreter():
+    res = run(
+        sys.executable,
+        LAUNCH / "slurm_submit.py",
+        "--nodes=1",
+        "--tasks-per-node=2",
+        "--python=/shared/venv/bin/python",
+        "--dry-run",
+        *TRAIN,
+    )
+    assert res.returncode == 0, res.stderr
+    sbatch, srun = res.stdout.strip().splitlines()
+    assert shlex.split(sbatch)[:4] == [
+        "SCONE_PYTHON=/shared/venv/bin/python",
+        "sbatch",
+        "--nodes=1",
+        "--ntasks-per-node=2",
+    ]
+    assert shlex.split(srun.removeprefix("# on the allocation: "))[2] == "/shared/venv/bin/python"
+    bad = run(sys.executable, LAUNCH / "slurm_submit.py", "--tasks-per-node=0", *TRAIN)
+    assert bad.returncode == 2 and "--tasks-per-node=0; expected >= 1" in bad.stderr
 
 
 def test_slurm_batch_script_runs_one_task_per_node():
@@ -108,9 +130,8 @@ def test_slurm_batch_script_runs_one_task_per_node():
         env={"SCONE_DRY_RUN": "1", "SCONE_PYTHON": "/opt/py"},
     )
     assert res.returncode == 0, res.stderr
-    assert shlex.split(res.stdout) == [
+    assert shlex.split(res.stdout) == [  # srun takes the tasks per node from the allocation
         "srun",
-        "--ntasks-per-node=1",
         "--kill-on-bad-exit=1",
         "/opt/py",
         "-m",
@@ -123,6 +144,7 @@ def test_slurm_batch_script_runs_one_task_per_node():
         if line.startswith("#SBATCH")
     ]
     assert "#SBATCH --ntasks-per-node=1" in directives
+    assert "#SBATCH --signal=B:USR1@120" in directives  # the time limit's early warning
 
 
 def test_tpu_vm_dry_run_prints_the_gcloud_command():
