@@ -28,6 +28,7 @@ and keys. Runner choice: `beam_runner.py`.
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 import threading
 import uuid
@@ -133,7 +134,12 @@ class CountShard(beam.DoFn):
             yield q, (layout, keys, counts)
         yield beam.pvalue.TaggedOutput(_STATS, (f"candidates\t{n}", len(codes)))
         yield beam.pvalue.TaggedOutput(_STATS, (f"shuffle_bytes\t{n}", sent))
-        yield beam.pvalue.TaggedOutput(_STATS, (f"worker_tokens\t{os.getpid()}", len(tokens)))
+        yield beam.pvalue.TaggedOutput(_STATS, (f"worker_tokens\t{worker_name()}", len(tokens)))
+
+
+def worker_name() -> str:
+    """host:pid of this process (the stats name each process that counted shards)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _merge(kv, min_count: int):
@@ -265,7 +271,7 @@ class BeamCounts:
     survivors: dict[str, int]  # per length
     candidates: dict[str, int]  # per length, after pruning
     shuffle_bytes: dict[str, int]  # per length: the partial counts the workers sent
-    worker_tokens: dict[int, int]  # worker process id -> tokens it counted, all lengths
+    worker_tokens: dict[str, int]  # host:pid of each worker process -> tokens it counted
 
 
 def read_results(out_prefix: str, max_n: int) -> BeamCounts:
@@ -286,7 +292,7 @@ def read_results(out_prefix: str, max_n: int) -> BeamCounts:
     stats = {"survivors": {}, "candidates": {}, "shuffle_bytes": {}, "worker_tokens": {}}
     for line in lines("stats*"):
         kind, key, v = line.split("\t")
-        stats[kind][int(key) if kind == "worker_tokens" else key] = int(v)
+        stats[kind][key] = int(v)
     return BeamCounts(tokens, lengths, np.array(counts, np.int64), **stats)
 
 

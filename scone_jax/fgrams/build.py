@@ -108,7 +108,7 @@ def select_fgrams(
         survivors, candidates = counted.survivors, counted.candidates
         extra = {
             "beam_shuffle_bytes": sum(counted.shuffle_bytes.values()),
-            "beam_worker_processes": len(counted.worker_tokens),
+            "beam_worker_tokens": counted.worker_tokens,
         }
     else:
         raise UserError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")

@@ -8,6 +8,7 @@ import pytest
 
 pytest.importorskip("apache_beam")
 
+from scone_jax.fgrams.beam import worker_name  # noqa: E402
 from scone_jax.fgrams.build import select_fgrams  # noqa: E402
 from scone_jax.fgrams.corpus import Corpus  # noqa: E402
 
@@ -46,7 +47,8 @@ def test_beam_equals_local_and_brute_force_on_random_multi_shard_corpora(rng):
         print(f"K={k} min count {m} S={s} shard {shard} tokens: {sum(map(len, docs))} tokens")
         assert_same(beam, local)
         assert as_list(beam) == brute_select(docs, k, s, m)
-        assert beam.meta["beam_worker_processes"] == 1 and beam.meta["beam_shuffle_bytes"] > 0
+        assert beam.meta["beam_worker_tokens"] == {worker_name(): (k - 1) * sum(map(len, docs))}
+        assert beam.meta["beam_shuffle_bytes"] > 0
         done += 1
 
 
