@@ -79,9 +79,12 @@ args = json.loads(sys.argv[1])
 corpus = Corpus.from_dataset(args["dataset"])
 rss0 = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 t = time.perf_counter()
+io0 = dict(l.split(": ") for l in open("/proc/self/io").read().splitlines())
 fs = select_fgrams(corpus, args["k"], args["s"], args["m"], memory_budget=args.get("budget"),
-                   workers=args.get("workers"), tmp_dir=args.get("tmp"), progress=False)
+                   workers=args.get("workers"), tmp_dir=args.get("tmp"), progress=False,
+                   backend=args.get("backend", "local"), beam_options=args.get("beam_options"))
 dt = time.perf_counter() - t
+io1 = dict(l.split(": ") for l in open("/proc/self/io").read().splitlines())
 if args.get("save"):
     fs.save(args["save"])
 # VmHWM, not ru_maxrss: the latter keeps the parent's high-water mark across fork + exec
@@ -89,7 +92,9 @@ peak = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startsw
 print(json.dumps({"seconds": dt, "peak_rss": peak, "base_rss": rss0, "plan": fs.meta.get("plan"),
                   "fingerprint": fs.fingerprint, "num_fgrams": fs.num_fgrams,
                   "cutoff": fs.cutoff_count, "survivors": fs.meta["survivors_per_length"],
-                  "candidates": fs.meta["candidates_per_length"]}))
+                  "candidates": fs.meta["candidates_per_length"],
+                  "io": {k: int(io1[k]) - int(io0[k]) for k in io1},
+                  **{k: v for k, v in fs.meta.items() if k.startswith("beam_")}}))
 """
 
 

@@ -212,6 +212,7 @@ def build_pipeline(
 ):
     """Add the counting stages to pipeline `p`; results go to files under `out_prefix`."""
     total = int(dataset.offsets[-1])
+    out = out_prefix.rstrip("/")  # "/" joins paths on every Beam filesystem, and needs no extra
     run = run or uuid.uuid4().hex
     partitions = partitions or default_partitions(total)
     ref = WorkerRef(dataset)
@@ -252,14 +253,14 @@ def build_pipeline(
             beam.pvalue.AsSingleton(cutoff),
             *[beam.pvalue.AsList(level) for level in levels[:-1]],
         )
-        | "WriteRows" >> beam.io.WriteToText(FileSystems.join(out_prefix, "rows"))
+        | "WriteRows" >> beam.io.WriteToText(f"{out}/rows")
     )
     (
         stats
         | "Stats" >> beam.Flatten()
         | "SumStats" >> beam.CombinePerKey(sum)
         | "FormatStats" >> beam.MapTuple(lambda k, v: f"{k}\t{v}")
-        | "WriteStats" >> beam.io.WriteToText(FileSystems.join(out_prefix, "stats"))
+        | "WriteStats" >> beam.io.WriteToText(f"{out}/stats")
     )
 
 
