@@ -94,6 +94,14 @@ def run(quick: bool = False) -> str:
         f"partition); tokens counted per worker process, all lengths: "
         f"{', '.join(f'{v / 1e6:.0f}M' for v in workers.values())}.",
         "",
+        f"**200B tokens on a Beam cluster**, at this per-worker rate: "
+        f"{200e9 / beam_rate / 3600:,.0f} worker-hours (one core each; e.g. "
+        f"{200e9 / beam_rate / 3600 / 400:,.1f} hours on 50 machines of 8 cores), and "
+        f"{shuffle / n_tokens * 200e9 / 2**40:,.1f} TiB of partial counts through the shuffle "
+        "(at 1M-token shards; the 16M-token shards used above 4G tokens send fewer bytes per "
+        "token, as more n-grams repeat within a shard). The same counting on local machines: "
+        "the out-of-core section below.",
+        "",
         "**Where Beam's time goes.** A worker recomputes a shard's ids of every shorter length "
         "(the local passes read them back instead), so at length n it probes n-2 tables per "
         "position; the shuffle then sorts each partition's partial counts again to merge them; "

@@ -59,7 +59,8 @@ _STATS = "stats"
 
 
 def default_shard_tokens(num_tokens: int) -> int:
-    """1M tokens per shard, more on big corpora (at most 16M) so there are ~4096 shards."""
+    """1M tokens per shard; above 4G tokens num_tokens / 4096 (at most 16M), so that the
+    shards times the partitions, the shuffle's elements per length, stay below ~10^8."""
     return int(np.clip(_pow2(num_tokens // 4096), 1 << 20, 1 << 24))
 
 
