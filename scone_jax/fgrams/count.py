@@ -16,7 +16,8 @@ positions into candidate codes and partitions them (by the top bits of a bijecti
 code, so partitions are balanced and store uint32 keys when that suffices); each partition is
 then sorted and run-length counted on its own. Where the per-position ids and the partitions live
 (RAM or temporary files) is chosen from the memory budget (`outofcore.plan`); the arithmetic
-is the same, so the output is identical.
+is the same, so the output is identical. The Beam backend runs the same arithmetic per shard
+(`shard_candidates`, `partial_counts`) and merges the shards' partitions (`merge_partials`).
 """
 
 from __future__ import annotations
