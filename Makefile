@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 FAKE_DEVICES := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
-.PHONY: venv demo test test-slow test-all test-faults test-multihost test-sweeps test-slurm test-fidelity bench gpu-check lint clean
+.PHONY: venv demo test test-slow test-all test-faults test-multihost test-sweeps test-slurm test-beam test-fidelity bench gpu-check lint clean
 
 venv:
 	@want=$$($(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "need Python >= 3.11"; print("%d.%d" % sys.version_info[:2])') \
@@ -43,6 +43,11 @@ test-sweeps: venv
 test-slurm: venv
 	tests/slurm/install_slurm.sh
 	$(PY) -m pytest -q -m slurm tests/slurm
+
+# f-gram counting on Beam's FnApi runner with 2 SDK worker processes, offline, against the local
+# backend on a corpus of many shards (about half a minute)
+test-beam: venv
+	$(PY) -m pytest -q -m slow tests/fgrams/test_beam_workers.py
 
 # the shipped SCONE presets against their baselines on the embedded corpus, 3 fresh seeds per
 # family (docs/fidelity.md; about 15 minutes on 2 cores)

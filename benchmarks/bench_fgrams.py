@@ -31,17 +31,21 @@ def zipf_phrase_corpus(
     seed: int = 0,
     num_phrases: int = 300_000,
     mean_doc: int = 2000,
+    lexicon_seed: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, document offsets). The phrase lexicon comes from `lexicon_seed` when given, so
+    that pieces made with different `seed`s are one corpus (bench_scale writes them in turn)."""
     rng = np.random.default_rng(seed)
+    lex = rng if lexicon_seed is None else np.random.default_rng(lexicon_seed)
 
     def zipf(n, a):
         p = 1.0 / np.arange(1, n + 1) ** a
         return p / p.sum()
 
-    tok_p, perm = zipf(vocab, 1.1), rng.permutation(vocab)
-    plen = rng.integers(2, 9, num_phrases)
+    tok_p, perm = zipf(vocab, 1.1), lex.permutation(vocab)
+    plen = lex.integers(2, 9, num_phrases)
     poff = np.concatenate([[0], np.cumsum(plen)])
-    ptok = perm[rng.choice(vocab, poff[-1], p=tok_p)]
+    ptok = perm[lex.choice(vocab, poff[-1], p=tok_p)]
     units = int(num_tokens / 2.5) + 1000
     is_phrase = rng.random(units) < 0.5
     pid = rng.choice(num_phrases, units, p=zipf(num_phrases, 1.0))
@@ -79,9 +83,13 @@ args = json.loads(sys.argv[1])
 corpus = Corpus.from_dataset(args["dataset"])
 rss0 = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 t = time.perf_counter()
+io0 = dict(l.split(": ") for l in open("/proc/self/io").read().splitlines())
 fs = select_fgrams(corpus, args["k"], args["s"], args["m"], memory_budget=args.get("budget"),
-                   workers=args.get("workers"), tmp_dir=args.get("tmp"), progress=False)
+                   workers=args.get("workers"), tmp_dir=args.get("tmp"), progress=False,
+                   force_disk=args.get("force_disk", False),
+                   backend=args.get("backend", "local"), beam_options=args.get("beam_options"))
 dt = time.perf_counter() - t
+io1 = dict(l.split(": ") for l in open("/proc/self/io").read().splitlines())
 if args.get("save"):
     fs.save(args["save"])
 # VmHWM, not ru_maxrss: the latter keeps the parent's high-water mark across fork + exec
@@ -89,7 +97,9 @@ peak = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startsw
 print(json.dumps({"seconds": dt, "peak_rss": peak, "base_rss": rss0, "plan": fs.meta.get("plan"),
                   "fingerprint": fs.fingerprint, "num_fgrams": fs.num_fgrams,
                   "cutoff": fs.cutoff_count, "survivors": fs.meta["survivors_per_length"],
-                  "candidates": fs.meta["candidates_per_length"]}))
+                  "candidates": fs.meta["candidates_per_length"],
+                  "io": {k: int(io1[k]) - int(io0[k]) for k in io1},
+                  **{k: v for k, v in fs.meta.items() if k.startswith("beam_")}}))
 """
 
 

@@ -79,7 +79,11 @@ def register(subparsers) -> None:
         "beyond it, state spills to --tmp-dir",
     )
     b.add_argument(
-        "--workers", type=int, default=None, metavar="N", help="threads (default: all cores)"
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="threads, or with --backend beam local worker processes (default: all cores)",
     )
     b.add_argument(
         "--tmp-dir", default=None, metavar="DIR", help="scratch space for out-of-core counting"
@@ -90,7 +94,8 @@ def register(subparsers) -> None:
         metavar="'ARGS'",
         help="Beam pipeline options as one quoted string after '=', e.g. "
         '--beam-options="--runner=DataflowRunner --project=P --region=R '
-        '--temp_location=gs://B/tmp" (default: --runner=DirectRunner)',
+        '--temp_location=gs://B/tmp" (default: the FnApi runner with --workers worker '
+        "processes; docs/beam.md)",
     )
     b.add_argument(
         "--beam-dataset",
@@ -104,12 +109,6 @@ def register(subparsers) -> None:
         default=None,
         metavar="URL",
         help="shared directory for the pipeline's output files (required on a cluster)",
-    )
-    b.add_argument(
-        "--beam-no-prune",
-        action="store_true",
-        help="count every n-gram without the Apriori side input (same result; for survivor "
-        "sets too large for a worker's memory)",
     )
     b.add_argument(
         "--heldout-fraction",
@@ -255,12 +254,8 @@ def cmd_build(args) -> int:
         kwargs["beam_options"] = shlex.split(args.beam_options) if args.beam_options else None
         kwargs["beam_dataset"] = args.beam_dataset
         kwargs["beam_work_dir"] = args.beam_work_dir
-        kwargs["beam_prune"] = not args.beam_no_prune
-    elif args.beam_options or args.beam_dataset or args.beam_work_dir or args.beam_no_prune:
-        raise UserError(
-            "--beam-options, --beam-dataset, --beam-work-dir and --beam-no-prune need --backend "
-            "beam"
-        )
+    elif args.beam_options or args.beam_dataset or args.beam_work_dir:
+        raise UserError("--beam-options, --beam-dataset and --beam-work-dir need --backend beam")
     with writing([("--out", args.out)], args.command_line):
         fs = build_fgram_set(
             corpus,

@@ -1,163 +1,178 @@
-"""The same exact counting as an Apache Beam pipeline, for corpora beyond one machine.
+"""The local backend's exact counting as an Apache Beam pipeline, for corpora beyond one machine.
 
-Runs on any Beam runner (DirectRunner here and in tests; Dataflow, Flink, Spark on a
-cluster: see docs/beam.md). The pipeline, one stage per length n = 2..K:
+Workers run the local kernels (`count.py`) on whole shards of documents, and the shuffle
+merges what they send: per-partition partial counts, packed arrays, never one element per
+n-gram. One stage per length n = 2..K:
 
-    shards of documents --ReadDocs--> token arrays
-      --EmitNgrams(n)-->  (n-gram bytes, count in this document), only candidates: for n >= 3
-                          both (n-1)-prefix and (n-1)-suffix are in the side input of the
-                          (n-1)-grams that survived (Apriori on both sides)
-      --CombinePerKey(sum)--> --Filter(count >= min count)--> survivors of length n
+    shards --Count{n}--> per shard: the candidate codes of length n (Apriori: both (n-1)-sub-
+                         grams among the survivors of length n-1, looked up in the tables of
+                         the survivors of lengths 2..n-1, the side inputs), partitioned by the
+                         top bits of their mixed code, each partition sorted and run-length
+                         counted: (partition, (layout, distinct keys, counts))
+           --Group{n}--> --Merge{n}--> per partition: the shards' counts summed, cut at the
+                         minimum count: survivors of length n (codes and counts)
+
+A code is the local backend's: (id of the (n-1)-prefix) * V + last token, the id being the
+slot of that prefix in the hash table of the survivors of length n-1. Workers build those
+tables from the side inputs exactly as the local backend builds them (same codes, same order,
+same insertion), so ids and codes agree everywhere, and the partitions taken in order are the
+local level's codes in order. Each worker process builds a length's table once per run.
 
 The survivors of every length are pooled; a histogram of their counts (a small side input)
 gives the cutoff count c* (the S-th largest count), and every survivor with count >= c* is
-written out (ties included). The driver reads those rows back and runs the shared
-`select.select_top`, so the Beam and local backends produce the same set, ids and keys.
-
-An n-gram is keyed by its tokens as big-endian uint32 bytes: exact, and byte order equals
-token order. n-grams never cross a document boundary because they are made per document.
+decoded to its tokens on the workers and written out (ties included). The driver reads those
+rows back and runs the shared `select.select_top`, so both backends produce the same set, ids
+and keys. Runner choice: `beam_runner.py`.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import os
+import socket
 import tempfile
+import threading
 import uuid
+from dataclasses import dataclass
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions
 
 from scone_jax.errors import UserError
+from scone_jax.fgrams.beam_dataset import DatasetRef, WorkerRef, read_shard, write_temp_dataset
+from scone_jax.fgrams.beam_runner import pipeline_options
+from scone_jax.fgrams.count import (
+    Counts,
+    Layout,
+    Level,
+    check_codes_fit,
+    index_of,
+    merge_partials,
+    partial_counts,
+    shard_candidates,
+)
 
-SHARD_TOKENS = 1 << 20
-
-
-# -- reading documents -------------------------------------------------------------------------
-
-
-class DatasetRef:
-    """Where Beam workers read a tokenized dataset: a local path or a URL (gs://, s3://, hdfs://).
-
-    The driver reads `meta.json` and `doc_offsets.npy` to cut the documents into shards of
-    about a million tokens; a shard is just (first document, end document), and each worker
-    reads its slice of the offsets and its byte range of `tokens.bin` itself.
-    """
-
-    def __init__(self, url: str):
-        self.url = url.rstrip("/")
-        try:
-            with FileSystems.open(self._join("meta.json")) as f:
-                self.meta = json.loads(f.read().decode("utf-8"))
-            with FileSystems.open(self.offsets_url) as f:
-                raw = f.read()
-            self.offsets_header = _npy_header_length(io.BytesIO(raw))
-            self.offsets = np.load(io.BytesIO(raw), allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise UserError(f"{url} is not a readable tokenized dataset: {e}") from None
-        if self.offsets.dtype != np.dtype("<i8") or self.offsets.ndim != 1:
-            raise UserError(f"{self.offsets_url} is not an int64 vector")
-
-    def _join(self, name: str) -> str:
-        return FileSystems.join(self.url, name)
-
-    @property
-    def tokens_url(self) -> str:
-        return self._join("tokens.bin")
-
-    @property
-    def offsets_url(self) -> str:
-        return self._join("doc_offsets.npy")
-
-    def shards(self, shard_tokens: int = SHARD_TOKENS) -> list[tuple[int, int]]:
-        """(first document, end document) per shard of about `shard_tokens` tokens."""
-        total = int(self.offsets[-1])
-        cuts = np.searchsorted(
-            self.offsets, np.arange(shard_tokens, total, shard_tokens), side="left"
-        )
-        bounds = np.unique(np.concatenate([[0], cuts, [len(self.offsets) - 1]]))
-        return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+# Shuffle partitions: at least this many (reducers run in parallel), at most this many
+# (every shard sends a piece to each partition at every length).
+MIN_PARTITIONS, MAX_PARTITIONS = 16, 4096
+_STATS = "stats"
 
 
-def _npy_header_length(f) -> int:
-    version = np.lib.format.read_magic(f)
-    (
-        np.lib.format.read_array_header_1_0
-        if version == (1, 0)
-        else np.lib.format.read_array_header_2_0
-    )(f)
-    return f.tell()
+def default_shard_tokens(num_tokens: int) -> int:
+    """1M tokens per shard; above 4G tokens num_tokens / 4096 (at most 16M), so that the
+    shards times the partitions, the shuffle's elements per length, stay below ~10^8."""
+    return int(np.clip(_pow2(num_tokens // 4096), 1 << 20, 1 << 24))
 
 
-def _read_range(url: str, start: int, size: int) -> bytes:
-    with FileSystems.open(url) as f:
-        f.seek(start)
-        data = f.read(size)
-    if len(data) != size:
-        raise ValueError(f"{url}: short read of {size} bytes at {start}")
-    return data
+def default_partitions(num_tokens: int) -> int:
+    """One shuffle partition per ~16M tokens, within [MIN_PARTITIONS, MAX_PARTITIONS]."""
+    return int(np.clip(_pow2(num_tokens >> 24), MIN_PARTITIONS, MAX_PARTITIONS))
 
 
-class _WorkerRef:
-    """What workers need of a DatasetRef (not the driver's copy of all offsets)."""
-
-    def __init__(self, ref: DatasetRef):
-        self.offsets_url, self.tokens_url = ref.offsets_url, ref.tokens_url
-        self.offsets_header, self.meta = ref.offsets_header, {"dtype": ref.meta["dtype"]}
+def _pow2(x: int) -> int:
+    return 1 << max(0, int(x - 1).bit_length())
 
 
-def _read_docs(shard, ref: _WorkerRef):
-    lo, hi = shard
-    offs = np.frombuffer(
-        _read_range(ref.offsets_url, ref.offsets_header + 8 * lo, 8 * (hi - lo + 1)), "<i8"
+# -- the survivors of shorter lengths, once per worker process ----------------------------------
+
+_LEVELS: dict[tuple[str, int], Level] = {}
+_LEVELS_LOCK = threading.Lock()
+
+
+def _levels(run: str, sides) -> list[Level]:
+    """Levels 2..len(sides)+1 (indexed) from their side inputs: lists of (partition, codes,
+    counts). Cached per process and run: every stage after length m reads the same side input."""
+    with _LEVELS_LOCK:
+        for key in [k for k in _LEVELS if k[0] != run]:
+            del _LEVELS[key]
+        out = []
+        for m, side in enumerate(sides, start=2):
+            level = _LEVELS.get((run, m))
+            if level is None:
+                parts = sorted(side, key=lambda part: part[0])
+                level = Level(
+                    m,
+                    np.concatenate([np.zeros(0, np.uint64)] + [p[1] for p in parts]),
+                    np.concatenate([np.zeros(0, np.int64)] + [p[2] for p in parts]),
+                    0,
+                )
+                level.index = index_of(level)
+                _LEVELS[(run, m)] = level
+            out.append(level)
+        return out
+
+
+def _forget(run: str) -> None:
+    with _LEVELS_LOCK:
+        for key in [k for k in _LEVELS if k[0] == run]:
+            del _LEVELS[key]
+
+
+# -- the stages ---------------------------------------------------------------------------------
+
+
+class CountShard(beam.DoFn):
+    """Length n on one shard: candidate codes, pruned by the survivors of lengths 2..n-1 (one
+    side input each), counted into partial counts per shuffle partition."""
+
+    def __init__(self, ref: WorkerRef, n: int, radix: int, partitions: int, run: str):
+        self.ref, self.n, self.radix, self.partitions, self.run = ref, n, radix, partitions, run
+
+    def process(self, shard, *sides):
+        n, radix = self.n, self.radix
+        indexes = [level.index for level in _levels(self.run, sides)]
+        tokens, starts = read_shard(shard, self.ref)
+        if len(tokens) and int(tokens.max()) >= radix:
+            raise ValueError(f"token id {int(tokens.max())} out of vocabulary (expected < {radix})")
+        if n >= 3:
+            check_codes_fit(indexes[-1], radix, n)
+        bound = (radix if n == 2 else indexes[-1].capacity) * radix
+        layout = Layout.for_pass(bound, self.partitions, MAX_PARTITIONS)
+        codes = shard_candidates(tokens, starts, n, radix, indexes)
+        sent = 0
+        for q, keys, counts in partial_counts(codes, layout):
+            sent += keys.nbytes + counts.nbytes
+            yield q, (layout, keys, counts)
+        yield beam.pvalue.TaggedOutput(_STATS, (f"candidates\t{n}", len(codes)))
+        yield beam.pvalue.TaggedOutput(_STATS, (f"shuffle_bytes\t{n}", sent))
+        yield beam.pvalue.TaggedOutput(_STATS, (f"worker_tokens\t{worker_name()}", len(tokens)))
+
+
+def worker_name() -> str:
+    """host:pid of this process (the stats name each process that counted shards)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _merge(kv, min_count: int):
+    """One partition's partial counts from every shard -> its survivors (partition, codes,
+    counts)."""
+    q, pieces = kv
+    pieces = list(pieces)
+    codes, counts = merge_partials(
+        [p[1] for p in pieces], [p[2] for p in pieces], min_count, pieces[0][0], q
     )
-    dtype = np.dtype(ref.meta["dtype"])
-    data = np.frombuffer(
-        _read_range(
-            ref.tokens_url, int(offs[0]) * dtype.itemsize, int(offs[-1] - offs[0]) * dtype.itemsize
-        ),
-        dtype,
-    )
-    offs = offs - offs[0]
-    for a, b in zip(offs[:-1], offs[1:]):
-        if b > a:
-            yield data[a:b].astype(">u4")
+    if len(codes):
+        yield q, codes, counts
 
 
-class EmitNgrams(beam.DoFn):
-    """Per document, the distinct candidate n-grams and their counts in it.
+class FormatRows(beam.DoFn):
+    """Survivors with count >= the cutoff as text rows "count t_0 .. t_{K-1}" (padded with -1),
+    decoded with the tables of lengths 2..K-1 (side inputs); one element per batch, not per row
+    (a Beam element costs ~50 us)."""
 
-    The side input (survivors of length n-1) is turned into a set once per DoFn instance:
-    it is the same for the whole pass.
-    """
+    def __init__(self, max_n: int, radix: int, run: str):
+        self.max_n, self.radix, self.run = max_n, radix, run
 
-    def __init__(self, n: int, vocab_size: int | None):
-        self.n, self.vocab_size = n, vocab_size
-        self._prev = None
-
-    def process(self, doc: np.ndarray, prev=None):
-        n = self.n
-        if self.vocab_size is not None and len(doc) and int(doc.max()) >= self.vocab_size:
-            raise ValueError(
-                f"token id {int(doc.max())} out of vocabulary (expected < {self.vocab_size})"
-            )
-        if len(doc) < n:
+    def process(self, element, cutoff: int, *sides):
+        n, codes, counts = element
+        keep = counts >= cutoff
+        if not keep.any():
             return
-        if prev is not None and self._prev is None:
-            self._prev = set(prev)
-        grams = (
-            np.ascontiguousarray(np.lib.stride_tricks.sliding_window_view(doc, n))
-            .view(f"V{4 * n}")
-            .ravel()
-        )
-        uniq, counts = np.unique(grams, return_counts=True)
-        for g, c in zip(uniq.tolist(), counts.tolist()):
-            if self._prev is not None and (g[:-4] not in self._prev or g[4:] not in self._prev):
-                continue
-            yield g, c
+        levels = _levels(self.run, sides[: n - 2])
+        rows = np.full((int(keep.sum()), self.max_n + 1), -1, np.int64)
+        rows[:, 0] = counts[keep]
+        rows[:, 1 : n + 1] = Counts(self.max_n, 1, self.radix, levels).decode(n, codes[keep])
+        yield "\n".join(" ".join(map(str, row)) for row in rows.tolist())
 
 
 def _cutoff(hist: dict[int, int], num: int) -> int:
@@ -170,17 +185,17 @@ def _cutoff(hist: dict[int, int], num: int) -> int:
     return min(hist) if hist else 1
 
 
+def _histogram(counts: np.ndarray) -> dict[int, int]:
+    values, k = np.unique(counts, return_counts=True)
+    return dict(zip(values.tolist(), k.tolist()))
+
+
 def _merge_hist(hists) -> dict[int, int]:
     out: dict[int, int] = {}
     for h in hists:
         for c, k in h.items():
             out[c] = out.get(c, 0) + k
     return out
-
-
-def _format_row(kv) -> str:
-    key, count = kv
-    return f"{count}\t{' '.join(map(str, np.frombuffer(key, '>u4').tolist()))}"
 
 
 def build_pipeline(
@@ -190,78 +205,93 @@ def build_pipeline(
     min_count: int,
     num_fgrams: int,
     out_prefix: str,
-    prune: bool = True,
-    shard_tokens: int = SHARD_TOKENS,
+    radix: int,
+    *,
+    shard_tokens: int | None = None,
+    partitions: int | None = None,
+    run: str | None = None,
 ):
     """Add the counting stages to pipeline `p`; results go to files under `out_prefix`."""
-    vocab = dataset.meta.get("vocab_size")
-    docs = (
+    total = int(dataset.offsets[-1])
+    out = out_prefix.rstrip("/")  # "/" joins paths on every Beam filesystem, and needs no extra
+    run = run or uuid.uuid4().hex
+    partitions = partitions or default_partitions(total)
+    ref = WorkerRef(dataset)
+    shards = (
         p
-        | "Shards" >> beam.Create(dataset.shards(shard_tokens))
+        | "Shards" >> beam.Create(dataset.shards(shard_tokens or default_shard_tokens(total)))
         | "Reshuffle" >> beam.Reshuffle()
-        | "ReadDocs" >> beam.FlatMap(_read_docs, _WorkerRef(dataset))
     )
-    survivors, stats = [], []
-    prev_keys = None
+    levels, stats = [], []
     for n in range(2, max_n + 1):
-        emit = EmitNgrams(n, vocab)
-        if prev_keys is not None and prune:
-            grams = docs | f"Emit{n}" >> beam.ParDo(emit, beam.pvalue.AsList(prev_keys))
-        else:
-            grams = docs | f"Emit{n}" >> beam.ParDo(emit)
-        counted = (
-            grams
-            | f"Sum{n}" >> beam.CombinePerKey(sum)
-            | f"Min{n}" >> beam.Filter(lambda kv, m: kv[1] >= m, min_count)
+        sides = [beam.pvalue.AsList(level) for level in levels]
+        counted = shards | f"Count{n}" >> beam.ParDo(
+            CountShard(ref, n, radix, partitions, run), *sides
+        ).with_outputs(_STATS, main="partials")
+        level = (
+            counted.partials
+            | f"Group{n}" >> beam.GroupByKey()
+            | f"Merge{n}" >> beam.FlatMap(_merge, min_count)
         )
-        survivors.append(counted)
-        stats.append(grams | f"Cand{n}" >> beam.Map(lambda kv, n: (f"candidates\t{n}", kv[1]), n))
-        stats.append(counted | f"Surv{n}" >> beam.Map(lambda kv, n: (f"survivors\t{n}", 1), n))
-        prev_keys = counted | f"Keys{n}" >> beam.Keys()
-    pooled = survivors | "Pool" >> beam.Flatten()
-    hist = (
+        stats.append(counted[_STATS])
+        stats.append(level | f"Surv{n}" >> beam.Map(lambda e, n: (f"survivors\t{n}", len(e[1])), n))
+        levels.append(level)
+    pooled = [
+        level | f"Tag{n}" >> beam.Map(lambda e, n: (n, e[1], e[2]), n)
+        for n, level in enumerate(levels, start=2)
+    ] | "Pool" >> beam.Flatten()
+    cutoff = (
         pooled
-        | "Counts" >> beam.Map(lambda kv: {kv[1]: 1})
+        | "Counts" >> beam.Map(lambda e: _histogram(e[2]))
         | "Hist" >> beam.CombineGlobally(_merge_hist)
+        | "Cutoff" >> beam.Map(_cutoff, num_fgrams)
     )
-    cutoff = hist | "Cutoff" >> beam.Map(_cutoff, num_fgrams)
     (
         pooled
-        | "AtLeastCutoff" >> beam.Filter(lambda kv, c: kv[1] >= c, beam.pvalue.AsSingleton(cutoff))
-        | "Format" >> beam.Map(_format_row)
-        | "WriteRows" >> beam.io.WriteToText(FileSystems.join(out_prefix, "rows"))
+        | "Rows"
+        >> beam.ParDo(
+            FormatRows(max_n, radix, run),
+            beam.pvalue.AsSingleton(cutoff),
+            *[beam.pvalue.AsList(level) for level in levels[:-1]],
+        )
+        | "WriteRows" >> beam.io.WriteToText(f"{out}/rows")
     )
     (
         stats
         | "Stats" >> beam.Flatten()
         | "SumStats" >> beam.CombinePerKey(sum)
         | "FormatStats" >> beam.MapTuple(lambda k, v: f"{k}\t{v}")
-        | "WriteStats" >> beam.io.WriteToText(FileSystems.join(out_prefix, "stats"))
+        | "WriteStats" >> beam.io.WriteToText(f"{out}/stats")
     )
 
 
-def read_results(out_prefix: str, max_n: int):
-    """(tokens [M, K], lengths, counts, survivors per length, candidates per length)."""
+@dataclass
+class BeamCounts:
+    """The rows that can make the top S, and what the pipeline measured on the way."""
 
-    def lines(pattern):
+    tokens: np.ndarray  # [M, K], right-padded with -1
+    lengths: np.ndarray
+    counts: np.ndarray
+    survivors: dict[str, int]  # per length
+    candidates: dict[str, int]  # per length, after pruning
+    shuffle_bytes: dict[str, int]  # per length: the partial counts the workers sent
+    worker_tokens: dict[str, int]  # host:pid of each worker process -> tokens it counted
+
+
+def read_results(out_prefix: str, max_n: int) -> BeamCounts:
+    def text(pattern):
         for m in FileSystems.match([FileSystems.join(out_prefix, pattern)])[0].metadata_list:
             with FileSystems.open(m.path) as f:
-                yield from f.read().decode("utf-8").splitlines()
+                yield f.read().decode("utf-8")
 
-    counts, rows = [], []
-    for line in lines("rows*"):
-        c, toks = line.split("\t")
-        counts.append(int(c))
-        rows.append([int(x) for x in toks.split()])
-    tokens = np.full((len(rows), max_n), -1, np.int64)
-    lengths = np.array([len(r) for r in rows], np.int64)
-    for i, r in enumerate(rows):
-        tokens[i, : len(r)] = r
-    survivors, candidates = {}, {}
-    for line in lines("stats*"):
-        kind, n, v = line.split("\t")
-        (survivors if kind == "survivors" else candidates)[n] = int(v)
-    return tokens, lengths, np.array(counts, np.int64), survivors, candidates
+    rows = np.array(" ".join(text("rows*")).split(), np.int64).reshape(-1, max_n + 1)
+    tokens = rows[:, 1:]
+    lengths = (tokens >= 0).sum(axis=1)
+    stats = {"survivors": {}, "candidates": {}, "shuffle_bytes": {}, "worker_tokens": {}}
+    for line in "".join(text("stats*")).splitlines():
+        kind, key, v = line.split("\t")
+        stats[kind][key] = int(v)
+    return BeamCounts(tokens, lengths, rows[:, 0], **stats)
 
 
 def count_with_beam(
@@ -271,19 +301,24 @@ def count_with_beam(
     num_fgrams: int,
     *,
     pipeline_args: list[str] | None = None,
+    workers: int | None = None,
     tmp_dir=None,
     work_dir: str | None = None,
     dataset_url: str | None = None,
-    prune: bool = True,
-    shard_tokens: int = SHARD_TOKENS,
-):
+    shard_tokens: int | None = None,
+) -> BeamCounts:
     """Run the pipeline and read back the rows that can make the top `num_fgrams`.
 
-    Workers read `dataset_url` when given (a copy of the dataset on shared storage, for a
-    cluster), else the corpus's own dataset directory, else a temporary copy of in-memory
-    arrays. `work_dir` (shared storage on a cluster) holds the pipeline's output files.
+    `pipeline_args` default to the FnApi runner with `workers` worker processes
+    (`beam_runner.local_args`). Workers read `dataset_url` when given (a copy of the dataset
+    on shared storage, for a cluster), else the corpus's own dataset directory, else a
+    temporary copy of in-memory arrays. `work_dir` (shared storage on a cluster) holds the
+    pipeline's output files.
     """
+    options = pipeline_options(pipeline_args, workers)
+    radix = corpus.key_vocab()
     local_tmp = tempfile.TemporaryDirectory(prefix="scone-beam-", dir=tmp_dir)
+    run = uuid.uuid4().hex
     try:
         if dataset_url is None:
             from scone_jax.data.dataset import TokenizedDataset
@@ -292,7 +327,7 @@ def count_with_beam(
             if os.path.isfile(os.path.join(str(src), "meta.json")):
                 dataset_url = str(TokenizedDataset.open(src).path)
             else:
-                dataset_url = _write_temp_dataset(corpus, local_tmp.name)
+                dataset_url = write_temp_dataset(corpus, local_tmp.name)
         dataset = DatasetRef(dataset_url)
         theirs = (dataset.meta.get("tokens_sha256"), int(dataset.offsets[-1]))
         if (
@@ -302,30 +337,23 @@ def count_with_beam(
         ):
             raise UserError(f"{dataset_url} is not a copy of {corpus.source} (different tokens)")
         out_prefix = (
-            work_dir.rstrip("/") + f"/scone-fgrams-{uuid.uuid4().hex[:12]}"
+            work_dir.rstrip("/") + f"/scone-fgrams-{run[:12]}"
             if work_dir
             else os.path.join(local_tmp.name, "out")
         )
-        args = list(pipeline_args or ["--runner=DirectRunner"])
-        with beam.Pipeline(options=PipelineOptions(args)) as p:
+        with beam.Pipeline(options=options) as p:
             build_pipeline(
-                p, dataset, max_n, min_count, num_fgrams, out_prefix, prune, shard_tokens
+                p,
+                dataset,
+                max_n,
+                min_count,
+                num_fgrams,
+                out_prefix,
+                radix,
+                shard_tokens=shard_tokens,
+                run=run,
             )
         return read_results(out_prefix, max_n)
     finally:
+        _forget(run)
         local_tmp.cleanup()
-
-
-def _write_temp_dataset(corpus, directory: str) -> str:
-    """The minimal dataset layout the workers read (tokens.bin, doc_offsets.npy, meta.json)."""
-    path = os.path.join(directory, "dataset")
-    os.makedirs(path)
-    with open(os.path.join(path, "tokens.bin"), "wb") as f:
-        for a in range(0, corpus.num_tokens, SHARD_TOKENS):
-            f.write(corpus.read(a, a + SHARD_TOKENS).astype("<u4").tobytes())
-    np.save(os.path.join(path, "doc_offsets.npy"), np.asarray(corpus.doc_offsets, np.int64))
-    with open(os.path.join(path, "meta.json"), "w") as f:
-        json.dump(
-            {"dtype": "<u4", "num_tokens": corpus.num_tokens, "vocab_size": corpus.vocab_size}, f
-        )
-    return path

@@ -49,7 +49,7 @@ def select_fgrams(
     beam_options: list[str] | None = None,
     beam_dataset: str | None = None,
     beam_work_dir: str | None = None,
-    beam_prune: bool = True,
+    beam_shard_tokens: int | None = None,
     progress: bool = True,
 ) -> FgramSet:
     """Count and select; returns the set in memory (nothing written)."""
@@ -92,18 +92,24 @@ def select_fgrams(
                 "--backend beam needs apache-beam (pip install 'scone_jax[beam]')"
             ) from None
 
-        tokens, lengths, counts, survivors, candidates = count_with_beam(
+        counted = count_with_beam(
             corpus,
             max_n,
             min_count,
             num_fgrams,
             pipeline_args=beam_options,
+            workers=workers,
             tmp_dir=tmp_dir,
             dataset_url=beam_dataset,
             work_dir=beam_work_dir,
-            prune=beam_prune,
+            shard_tokens=beam_shard_tokens,
         )
-        extra = {}
+        tokens, lengths, counts = counted.tokens, counted.lengths, counted.counts
+        survivors, candidates = counted.survivors, counted.candidates
+        extra = {
+            "beam_shuffle_bytes": sum(counted.shuffle_bytes.values()),
+            "beam_worker_tokens": counted.worker_tokens,
+        }
     else:
         raise UserError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     for n in range(2, max_n + 1):

@@ -16,7 +16,8 @@ positions into candidate codes and partitions them (by the top bits of a bijecti
 code, so partitions are balanced and store uint32 keys when that suffices); each partition is
 then sorted and run-length counted on its own. Where the per-position ids and the partitions live
 (RAM or temporary files) is chosen from the memory budget (`outofcore.plan`); the arithmetic
-is the same, so the output is identical.
+is the same, so the output is identical. The Beam backend runs the same arithmetic per shard
+(`shard_candidates`, `partial_counts`) and merges the shards' partitions (`merge_partials`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ _UNMIX = pow(_MIX, -1, 2**64)
 @dataclass
 class Level:
     """The n-grams of one length that reached the minimum count, in ascending order of their
-    mixed code (`_Layout`): the same order whatever the partitioning, so RAM and disk agree."""
+    mixed code (`Layout`): the same order whatever the partitioning, so RAM and disk agree."""
 
     n: int
     codes: np.ndarray  # uint64: prefix * V + last token (prefix: a token for n = 2, else an id)
@@ -63,7 +64,10 @@ class Counts:
 
     def tokens(self, n: int, rows: np.ndarray) -> np.ndarray:
         """Token ids [len(rows), n] of the given survivors of length n."""
-        codes = self.levels[n - 2].codes[rows]
+        return self.decode(n, self.levels[n - 2].codes[rows])
+
+    def decode(self, n: int, codes: np.ndarray) -> np.ndarray:
+        """Token ids [len(codes), n] of codes of length n (needs the levels below n, indexed)."""
         v = _U64(self.key_vocab)
         last = (codes % v).astype(np.int64)
         prefix = (codes // v).astype(np.int64)
@@ -129,12 +133,9 @@ def _count(corpus, max_n, min_count, radix, p, scratch, progress) -> list[Level]
                     break
                 index = None
                 if n >= 3:
-                    index = levels[-1].index = _index(levels[-1])
-                if n >= 3 and (index.capacity * radix >= 2**64 - 1 or index.capacity >= 2**31 - 1):
-                    raise UserError(
-                        f"{len(levels[-1].codes)} surviving {n - 1}-grams with vocabulary {radix} "
-                        f"overflow 64-bit codes; raise --min-count"
-                    )
+                    index = levels[-1].index = index_of(levels[-1])
+                if n >= 3:
+                    check_codes_fit(index, radix, n)
                 _check_memory(levels, p)
                 ids_out = None
                 if 3 <= n < max_n:  # ids of the (n-1)-grams, read again by pass n+1
@@ -174,7 +175,7 @@ def _one_pass(
 ) -> Level:
     """Scan the corpus in chunks into partitions of candidate codes, then count each partition."""
     n_tok = corpus.num_tokens
-    layout = _Layout.for_pass((radix if n == 2 else index.capacity) * radix, p)
+    layout = Layout.for_pass((radix if n == 2 else index.capacity) * radix, p.partitions)
     parts = (
         outofcore.MemoryPartitions(layout.parts, layout.dtype)
         if p.mode == "memory"
@@ -209,12 +210,22 @@ def _one_pass(
     return Level(n, codes, np.concatenate([r[1] for r in results]), candidates)
 
 
-def _index(level: Level) -> HashIndex:
+def index_of(level: Level) -> HashIndex:
     """The table of a level's codes (values: rows), most frequent first so that the positions
     probed most often find their n-gram in its home slot."""
     rank = np.minimum(level.counts, 2**16 - 1).astype(np.uint16)
     rows = np.argsort(~rank, kind="stable")  # descending count; a radix sort on 16-bit keys
     return HashIndex(level.codes[rows], rows)
+
+
+def check_codes_fit(index: HashIndex, radix: int, n: int) -> None:
+    """Codes of length n are (slot of the (n-1)-gram) * radix + token: they must fit 64 bits,
+    and the slots int32."""
+    if index.capacity * radix >= 2**64 - 1 or index.capacity >= 2**31 - 1:
+        raise UserError(
+            f"{index.size} surviving {n - 1}-grams with vocabulary {radix} "
+            f"overflow 64-bit codes; raise --min-count"
+        )
 
 
 def _check_memory(levels: list[Level], p: outofcore.Plan) -> None:
@@ -240,7 +251,7 @@ class _PassJob:
     ids_in: object
     ids_out: object
     parts: object
-    layout: _Layout
+    layout: Layout
 
     def __call__(self, a: int, b: int) -> tuple[int, int]:
         n, L, v = self.n, b - a, _U64(self.radix)
@@ -254,13 +265,11 @@ class _PassJob:
         else:
             if n == 3:  # ids of the bigrams at a .. b (one past the chunk, for suffixes)
                 ok = ~self.corpus.starts(a + 1, a + L + 2)
-                prev_codes = _pack(t[: L + 1], v, t[1 : L + 2], ok)
+                ids = _ids(self.index, t[: L + 1], v, t[1 : L + 2], ok)
             else:
                 prev = self.ids_in.read(a, a + L + 2)
                 ok = _both_survived(prev)
-                prev_codes = _pack(prev[: L + 1], v, t[n - 2 : n - 1 + L], ok)
-            ids = np.full(L + 1, -1, np.int32)
-            ids[ok] = self.index.slots(prev_codes)
+                ids = _ids(self.index, prev[: L + 1], v, t[n - 2 : n - 1 + L], ok)
             if self.ids_out is not None:
                 self.ids_out.write(a, ids[:L])
             ok = _both_survived(ids)
@@ -269,18 +278,40 @@ class _PassJob:
         return L, len(codes)
 
     def _scatter(self, codes: np.ndarray) -> None:
-        lay = self.layout
-        h = lay.mix(codes)
-        keys = h.astype(lay.dtype)  # uint32: the low half, the rest is the partition's
-        if lay.parts == 1:
-            self.parts.add(0, keys)
-            return
-        h >>= _U64(lay.shift)
-        part = h.astype(np.uint8)
-        order = np.argsort(part, kind="stable")  # a radix sort on 8-bit keys
-        bounds = np.cumsum(np.bincount(part, minlength=lay.parts))[:-1]
-        for q, piece in enumerate(np.split(keys.take(order), bounds)):
+        for q, piece in enumerate(self.layout.split(codes)):
             self.parts.add(q, piece)
+
+
+def shard_candidates(
+    t: np.ndarray, starts: np.ndarray, n: int, radix: int, indexes: list[HashIndex]
+) -> np.ndarray:
+    """The candidate codes of length n in a token array of whole documents (`starts[i]`: a
+    document begins at i), pruned by the tables of the survivors of lengths 2..n-1 (`indexes`).
+
+    A pass's arithmetic on one piece of corpus with nothing kept from earlier passes (a Beam
+    worker's shard): the per-position ids of each shorter length are recomputed from the
+    bigrams up, where the local passes read the previous length's ids back.
+    """
+    v, size = _U64(radix), len(t)
+    t = np.concatenate([t, np.zeros(n, t.dtype)])  # padding; those positions are masked
+    ok = np.zeros(size, bool)
+    ok[: size - 1] = ~starts[1:]
+    if n == 2:
+        return _pack(t[:size], v, t[1 : size + 1], ok)
+    ids = np.full(size + 1, -1, np.int32)
+    ids[:size] = _ids(indexes[0], t[:size], v, t[1 : size + 1], ok)
+    for m in range(3, n):
+        ok = _both_survived(ids)
+        ids[:size] = _ids(indexes[m - 2], ids[:size], v, t[m - 1 : m - 1 + size], ok)
+    return _pack(ids[:size], v, t[n - 1 : n - 1 + size], _both_survived(ids))
+
+
+def _ids(index: HashIndex, prefix, v: np.uint64, last, ok: np.ndarray) -> np.ndarray:
+    """Per position, the id (table slot) of the n-gram coded prefix * v + last, -1 where not ok
+    or not a survivor."""
+    ids = np.full(len(ok), -1, np.int32)
+    ids[ok] = index.slots(_pack(prefix, v, last, ok))
+    return ids
 
 
 def _both_survived(ids: np.ndarray) -> np.ndarray:
@@ -309,7 +340,7 @@ def _pack(prefix: np.ndarray, v: np.uint64, last: np.ndarray, ok: np.ndarray) ->
 
 
 @dataclass(frozen=True)
-class _Layout:
+class Layout:
     """How one pass's codes (below 2**bits) are split into partitions.
 
     Codes are mixed by a bijection, h = code * _MIX mod 2**bits, and partition q holds the
@@ -324,13 +355,29 @@ class _Layout:
     dtype: type
 
     @classmethod
-    def for_pass(cls, code_bound: int, p: outofcore.Plan) -> _Layout:
+    def for_pass(
+        cls, code_bound: int, partitions: int, max_partitions: int = outofcore.MAX_PARTITIONS
+    ) -> Layout:
+        """About `partitions` (a power of two), more (up to `max_partitions`) where that makes
+        the stored keys uint32."""
         bits = max(1, (code_bound - 1).bit_length())
-        want = p.partitions.bit_length() - 1
+        want = partitions.bit_length() - 1
         part_bits = min(bits, max(want, bits - 32))
-        if part_bits > outofcore.MAX_PARTITIONS.bit_length() - 1:
+        if part_bits > max_partitions.bit_length() - 1:
             return cls(bits, min(bits, want), np.uint64)
         return cls(bits, part_bits, np.uint32)
+
+    def split(self, codes: np.ndarray) -> list[np.ndarray]:
+        """The stored keys of each partition, in partition order (codes: uint64)."""
+        h = self.mix(codes)
+        keys = h.astype(self.dtype)  # uint32: the low half, the rest is the partition's
+        if self.parts == 1:
+            return [keys]
+        h >>= _U64(self.shift)
+        part = h.astype(np.uint8 if self.parts <= 256 else np.uint16)
+        order = np.argsort(part, kind="stable")  # a radix sort on 8- or 16-bit keys
+        bounds = np.cumsum(np.bincount(part, minlength=self.parts))[:-1]
+        return np.split(keys.take(order), bounds)
 
     @property
     def parts(self) -> int:
@@ -408,12 +455,52 @@ def _count_pieces(pieces, min_count: int) -> tuple[np.ndarray, np.ndarray]:
     del k
     while nxt is not None:
         pk, pc = _runs(_sorted(nxt), 1)
-        allk = np.concatenate([keys, pk])
-        allc = np.concatenate([counts, pc])
-        order = np.argsort(allk, kind="stable")
-        allk, allc = allk[order], allc[order]
-        first = np.flatnonzero(np.concatenate([[True], allk[1:] != allk[:-1]]))
-        keys, counts = allk[first], np.add.reduceat(allc, first)
+        keys, counts = merge_counts([keys, pk], [counts, pc])
         nxt = next(it, None)
     keep = counts >= min_count
     return keys[keep], counts[keep]
+
+
+def merge_counts(keys: list[np.ndarray], counts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Several (distinct keys, counts) pairs summed into one: (distinct keys ascending, int64
+    counts)."""
+    allk, allc = np.concatenate(keys), np.concatenate(counts).astype(np.int64, copy=False)
+    if not len(allk):
+        return allk, allc
+    order = _sort_order(allk)
+    allk, allc = allk.take(order), allc.take(order)
+    first = np.flatnonzero(np.concatenate([[True], allk[1:] != allk[:-1]]))
+    return allk[first], np.add.reduceat(allc, first)
+
+
+def _sort_order(k: np.ndarray) -> np.ndarray:
+    """A stable sorting permutation of k; uint32 keys by the radix method of `_sorted`."""
+    if k.dtype != np.uint32:
+        return np.argsort(k, kind="stable")
+    order = np.argsort(k.astype(np.uint16), kind="stable")
+    return order.take(np.argsort((k.take(order) >> np.uint32(16)).astype(np.uint16), kind="stable"))
+
+
+# -- the same kernels for a distributed shuffle (Beam): a shard's partial counts, merged --------
+
+
+def partial_counts(codes: np.ndarray, layout: Layout) -> list[tuple[int, np.ndarray, np.ndarray]]:
+    """(partition, distinct stored keys, their counts) for each non-empty partition of a shard's
+    candidate codes; the counts in the narrowest unsigned dtype that holds them, as they cross
+    the shuffle."""
+    out = []
+    for q, piece in enumerate(layout.split(codes)):
+        if len(piece):
+            keys, counts = _runs(_sorted(piece), 1)
+            out.append((q, keys, counts.astype(np.min_scalar_type(int(counts.max())))))
+    return out
+
+
+def merge_partials(
+    keys: list[np.ndarray], counts: list[np.ndarray], min_count: int, layout: Layout, q: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Partition q's partial counts from every shard summed and cut at `min_count`: the codes
+    of its survivors, in the order of `Level.codes`, and their counts."""
+    k, c = merge_counts(keys, counts)
+    keep = c >= min_count
+    return layout.unmix(k[keep].astype(np.uint64) + _U64(layout.base(q))), c[keep]

@@ -175,3 +175,45 @@ def test_memory_size_parsing():
     for bad in ("lots", "-1G", "0"):
         with pytest.raises(UserError):
             outofcore.parse_size(bad)
+
+
+@pytest.mark.parametrize("vocab_size", [None, 70_000, 2**31])
+def test_shards_partial_counts_merged_equal_the_local_levels(rng, vocab_size):
+    """What Beam workers do: each shard (whole documents) counted against the survivors'
+    tables into partial counts per partition, the partitions summed over shards; taken in
+    partition order that is exactly each local level, whatever the number of partitions."""
+    docs = [rng.integers(0, 9, int(rng.integers(0, 400))) for _ in range(int(rng.integers(1, 40)))]
+    corpus = corpus_of(docs, vocab_size)
+    radix = corpus.key_vocab()
+    k, m = int(rng.integers(2, 7)), int(rng.integers(1, 4))
+    local = count_ngrams(corpus, k, m, progress=False)
+    cuts = np.unique(np.concatenate([[0], rng.integers(0, len(docs) + 1, 5), [len(docs)]]))
+    shards = []
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        tokens = np.concatenate([np.zeros(0, np.int64)] + [docs[i] for i in range(a, b)])
+        starts = np.zeros(len(tokens), bool)
+        firsts = np.cumsum([0] + [len(docs[i]) for i in range(a, b - 1)])
+        starts[firsts[firsts < len(tokens)]] = True
+        shards.append((tokens.astype(np.uint32), starts))
+    for n, level in enumerate(local.levels, start=2):
+        indexes = [lv.index for lv in local.levels[: n - 2]]
+        bound = (radix if n == 2 else indexes[-1].capacity) * radix
+        layout = count_mod.Layout.for_pass(bound, 1 << int(rng.integers(0, 7)), 1 << 12)
+        pieces, candidates = {}, 0
+        for tokens, starts in shards:
+            codes = count_mod.shard_candidates(tokens, starts, n, radix, indexes)
+            candidates += len(codes)
+            for q, keys, counts in count_mod.partial_counts(codes, layout):
+                pieces.setdefault(q, []).append((keys, counts))
+        merged = [
+            count_mod.merge_partials([p[0] for p in ps], [p[1] for p in ps], m, layout, q)
+            for q, ps in sorted(pieces.items())
+        ]
+        print(f"n={n} layout {layout}: {len(level.codes)} survivors")
+        assert candidates == level.candidates
+        assert np.concatenate([np.zeros(0, np.uint64)] + [c for c, _ in merged]).tolist() == (
+            level.codes.tolist()
+        )
+        assert np.concatenate([np.zeros(0, np.int64)] + [c for _, c in merged]).tolist() == (
+            level.counts.tolist()
+        )
