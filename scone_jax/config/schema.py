@@ -9,6 +9,8 @@ from scone_jax.errors import UserError
 FAMILIES = ("gpt2", "llama")
 DTYPES = ("float32", "bfloat16")
 COMBINE_RULES = ("replace", "add", "gated")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+REMAT_POLICY_NAMES = ("none", "dots", "block")  # model/stack.py says what each keeps
 
 
 def _check(cond: bool, message: str) -> None:
@@ -36,10 +38,23 @@ class ModelConfig:
     norm_eps: float = 1e-5
     init_std: float = 0.02
     init_from: str = ""  # a Hugging Face checkpoint directory the backbone starts from
+    # jax.nn.dot_product_attention: cudnn (fused flash attention, NVIDIA GPUs, bf16/fp16), xla,
+    # or auto (cudnn where it can run, else xla)
+    attention: str = "auto"
+    remat: str = "none"  # what the backward pass keeps of each block: none | dots | block
+    scan_layers: bool = False  # stack the blocks' parameters and lax.scan them (compiles once)
 
     def validate(self) -> None:
         _check(
             self.family in FAMILIES, f"model.family={self.family!r} (expected one of {FAMILIES})"
+        )
+        _check(
+            self.attention in ATTENTION_IMPLEMENTATIONS,
+            f"model.attention={self.attention!r} (expected one of {ATTENTION_IMPLEMENTATIONS})",
+        )
+        _check(
+            self.remat in REMAT_POLICY_NAMES,
+            f"model.remat={self.remat!r} (expected one of {REMAT_POLICY_NAMES})",
         )
         _check(self.dtype in DTYPES, f"model.dtype={self.dtype!r} (expected one of {DTYPES})")
         _check(
@@ -164,6 +179,9 @@ class FgramConfig:
             rope_theta=backbone.rope_theta,
             norm_eps=backbone.norm_eps,
             init_std=backbone.init_std,
+            attention=backbone.attention,
+            remat=backbone.remat,
+            scan_layers=backbone.scan_layers,
         )
 
 
