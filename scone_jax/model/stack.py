@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from scone_jax.config.schema import ModelConfig
@@ -103,10 +104,11 @@ def run_blocks(
 
 
 def stack_layers(params: dict) -> dict:
-    """A parameter tree's `blocks` {0: tree, 1: tree, ...} -> one tree of [layers, ...] arrays."""
+    """A parameter tree's `blocks` {0: tree, 1: tree, ...} -> one tree of [layers, ...] arrays
+    (host arrays: for checkpoints and files, not inside jit)."""
     layers = params["blocks"]
     ordered = [layers[i] for i in sorted(layers, key=int)]
-    return {**params, "blocks": jax.tree.map(lambda *xs: jnp.stack(xs), *ordered)}
+    return {**params, "blocks": jax.tree.map(lambda *xs: np.stack(xs), *ordered)}
 
 
 def unstack_layers(params: dict) -> dict:
@@ -115,5 +117,14 @@ def unstack_layers(params: dict) -> dict:
     count = jax.tree.leaves(stacked)[0].shape[0]
     return {
         **params,
-        "blocks": {i: jax.tree.map(lambda v, i=i: v[i], stacked) for i in range(count)},
+        "blocks": {i: jax.tree.map(lambda v, i=i: np.asarray(v[i]), stacked) for i in range(count)},
     }
+
+
+def layers_stacked(params: dict) -> bool | None:
+    """Whether a parameter tree (a backbone's, or a SCONE model's) holds its layers stacked
+    (scanned) or one subtree per layer (unrolled); None when it has no layers."""
+    blocks = params.get("blocks", params.get("backbone", {}).get("blocks"))
+    if not isinstance(blocks, dict):
+        return None
+    return not all(str(key).isdigit() for key in blocks)
