@@ -289,6 +289,10 @@ class TrainConfig:
 
     steps: int = 200
     batch_size: int = 16  # global batch, in windows of data.seq_len tokens
+    # gradient accumulation: the step runs the batch as this many microbatches (of batch_size /
+    # microbatches rows each), summing gradients; the update equals the whole batch's
+    microbatches: int = 1
+    devices: int = 0  # the device count this config's global batch is meant for (`plan`); 0 = 8
     seed: int = 0
     eval_every: int = 50  # 0 = only at the end
     eval_batches: int = 8
@@ -309,6 +313,12 @@ class TrainConfig:
             f"train.profile_process={self.profile_process} (expected a process index or -1)",
         )
         _check(self.batch_size > 0, f"train.batch_size={self.batch_size} (expected > 0)")
+        _check(
+            self.microbatches > 0 and self.batch_size % self.microbatches == 0,
+            f"train.microbatches={self.microbatches} (expected a divisor of "
+            f"train.batch_size={self.batch_size})",
+        )
+        _check(self.devices >= 0, f"train.devices={self.devices} (expected >= 0; 0 = 8)")
         _check(self.eval_every >= 0, f"train.eval_every={self.eval_every} (expected >= 0)")
         _check(self.eval_batches > 0, f"train.eval_batches={self.eval_batches} (expected > 0)")
         _check(self.log_every > 0, f"train.log_every={self.log_every} (expected > 0)")
