@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= 2
 FAKE_DEVICES := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
-.PHONY: venv demo test test-slow test-all test-faults test-multihost test-sweeps test-slurm test-beam test-fidelity bench gpu-check lint clean
+.PHONY: venv demo test test-slow test-all test-faults test-multihost test-sweeps test-slurm test-beam test-fidelity test-plans bench gpu-check lint clean
 
 venv:
 	@want=$$($(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "need Python >= 3.11"; print("%d.%d" % sys.version_info[:2])') \
@@ -53,6 +53,11 @@ test-beam: venv
 # family (docs/fidelity.md; about 15 minutes on 2 cores)
 test-fidelity: venv
 	$(PY) -m pytest -n 2 -q -m slow tests/fidelity
+
+# the paper presets compiled at their own batch on their documented device count (fake CPU
+# devices; docs/training.md), and rematerialization's saving (about 10 minutes on 2 cores)
+test-plans: venv
+	$(FAKE_DEVICES) $(PY) -m pytest -q -m slow tests/train/test_plan_presets.py
 
 # the fault-injection suite (docs/reliability.md): kills, torn writes, corruption, full disk, a second
 # writer, a lost peer (about 10 minutes; the bad-input catalogue runs in make test)

@@ -26,7 +26,7 @@ from benchmarks import bench_scone, bench_serve
 from benchmarks.common import ratio_text
 
 REPO = Path(__file__).resolve().parents[1]
-PARTS = ("tests", "scone", "serve")
+PARTS = ("tests", "plan", "scone", "serve")
 # tests that need no mesh of fake devices: they run on whatever device jax picks
 MODEL_TESTS = ("tests/model", "tests/metrics")
 GPT2_128M_SHAPED = ("data.tokenizer_vocab_size=8192",)  # a vocabulary the default corpus can train
@@ -113,6 +113,43 @@ def scone_steps(quick: bool, work: Path) -> list[str]:
     return lines
 
 
+def plan_on_device(quick: bool, work: Path) -> list[str]:
+    """`scone-jax plan` on this accelerator against its real memory: one device's share of the
+    GPT-2 128M preset's run on 8 (64 sequences of 1024, in the preset's microbatches), baseline
+    and SCONE, with the attention `auto` picks here."""
+    from scone_jax.config import load_config
+    from scone_jax.model.layers import attention_implementation
+    from scone_jax.train.plan import GIB, plan_train_step
+
+    share = ["train.batch_size=8", "train.microbatches=1"] if quick else ["train.batch_size=64"]
+    settings = [("tiny", "tiny")] if quick else [("paper/gpt2_128m", "gpt2_128m")]
+    stats = jax.devices()[0].memory_stats() or {}
+    limit = stats.get("bytes_limit")
+    lines = [
+        "## Memory plan against the device",
+        "",
+        f"Device memory: {limit / GIB:.1f} GiB (`memory_stats()['bytes_limit']`)."
+        if limit
+        else "Device memory: not reported by this backend.",
+        "",
+        "| preset | SCONE | attention | microbatches | remat | peak per device (XLA) | fits | "
+        "compile s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for preset, name in settings:
+        for scone in (False, True):
+            extra = ["fgrams.enabled=true", "fgrams.num_fgrams=1000000"] if scone else []
+            cfg = load_config(preset, [*share, "mesh.data=1", *extra])
+            plan = plan_train_step(cfg, jax.devices()[:1], (limit or 80 * GIB) / GIB)
+            peak = plan["per_device_bytes"]["peak"] / GIB
+            attention = attention_implementation(cfg.model.attention, cfg.model.dtype)
+            lines.append(
+                f"| {name} | {scone} | {attention} | {plan['microbatches']} | {plan['remat']} | "
+                f"{peak:.1f} GiB | {plan['fits']} | {plan['compile_s']:.1f} |"
+            )
+    return lines
+
+
 def serve_decode(quick: bool, work: Path) -> list[str]:
     """Decode tok/s with the table in host RAM and on disk against the baseline (bench_serve's
     method), where the device step is fast and the host-side lookup weighs most."""
@@ -161,9 +198,9 @@ def main() -> int:
             if part == "tests":
                 section = run_tests(args.quick)
             else:
-                section = {"scone": scone_steps, "serve": serve_decode}[part](
-                    args.quick, work / part
-                )
+                section = {"plan": plan_on_device, "scone": scone_steps, "serve": serve_decode}[
+                    part
+                ](args.quick, work / part)
         except Exception as e:  # keep the other parts' results
             section = [
                 f"## {part}",

@@ -25,6 +25,7 @@ import orbax.checkpoint as ocp
 from scone_jax.atomic import storage_errors
 from scone_jax.checksums import ChecksumError, verify_manifest, write_manifest
 from scone_jax.errors import UserError
+from scone_jax.model.stack import layers_stacked
 from scone_jax.runtime.distributed import barrier
 
 DAMAGED_DIR = "damaged_checkpoints"  # beside checkpoints/, out of orbax's sight
@@ -130,6 +131,7 @@ class Checkpointer:
                     raise
 
     def _restore(self, step: int, state_shapes, shardings):
+        self._check_layer_layout(step, state_shapes)
         target = abstract_with_shardings(state_shapes, shardings)
         try:
             return self.manager.restore(step, args=ocp.args.StandardRestore(target))
@@ -137,6 +139,19 @@ class Checkpointer:
             raise UserError(
                 f"checkpoint {self.step_dir(step)} cannot be restored: {str(e).splitlines()[0]}"
             ) from None
+
+    def _check_layer_layout(self, step: int, state_shapes) -> None:
+        """A checkpoint saved with the other `model.scan_layers` is refused in one line."""
+        meta = ocp.StandardCheckpointHandler().metadata(self.step_dir(step) / ITEM)
+        saved = layers_stacked(getattr(meta, "tree", meta)["params"])
+        wanted = layers_stacked(state_shapes["params"])
+        if saved is not None and wanted is not None and saved != wanted:
+            raise UserError(
+                f"checkpoint {self.step_dir(step)} holds its layers "
+                f"{'stacked' if saved else 'unrolled'} (model.scan_layers={str(saved).lower()}) "
+                f"and this run {'scans' if wanted else 'unrolls'} them: resume it with "
+                f"model.scan_layers={str(saved).lower()}"
+            )
 
     def _seal_finished(self) -> None:
         """Write the manifest of each committed save once no save is running (process 0 only)."""

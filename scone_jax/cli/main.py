@@ -13,7 +13,18 @@ import sys
 
 from scone_jax.errors import UserError
 
-COMMANDS = ("tokenize", "fgrams", "train", "eval", "export", "generate", "sweep", "report", "demo")
+COMMANDS = (
+    "tokenize",
+    "fgrams",
+    "train",
+    "plan",
+    "eval",
+    "export",
+    "generate",
+    "sweep",
+    "report",
+    "demo",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

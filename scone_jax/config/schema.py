@@ -9,6 +9,8 @@ from scone_jax.errors import UserError
 FAMILIES = ("gpt2", "llama")
 DTYPES = ("float32", "bfloat16")
 COMBINE_RULES = ("replace", "add", "gated")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+REMAT_POLICY_NAMES = ("none", "dots", "block")  # model/stack.py says what each keeps
 
 
 def _check(cond: bool, message: str) -> None:
@@ -36,10 +38,23 @@ class ModelConfig:
     norm_eps: float = 1e-5
     init_std: float = 0.02
     init_from: str = ""  # a Hugging Face checkpoint directory the backbone starts from
+    # jax.nn.dot_product_attention: cudnn (fused flash attention, NVIDIA GPUs, bf16/fp16), xla,
+    # or auto (cudnn where it can run, else xla)
+    attention: str = "auto"
+    remat: str = "none"  # what the backward pass keeps of each block: none | dots | block
+    scan_layers: bool = False  # stack the blocks' parameters and lax.scan them (compiles once)
 
     def validate(self) -> None:
         _check(
             self.family in FAMILIES, f"model.family={self.family!r} (expected one of {FAMILIES})"
+        )
+        _check(
+            self.attention in ATTENTION_IMPLEMENTATIONS,
+            f"model.attention={self.attention!r} (expected one of {ATTENTION_IMPLEMENTATIONS})",
+        )
+        _check(
+            self.remat in REMAT_POLICY_NAMES,
+            f"model.remat={self.remat!r} (expected one of {REMAT_POLICY_NAMES})",
         )
         _check(self.dtype in DTYPES, f"model.dtype={self.dtype!r} (expected one of {DTYPES})")
         _check(
@@ -164,6 +179,9 @@ class FgramConfig:
             rope_theta=backbone.rope_theta,
             norm_eps=backbone.norm_eps,
             init_std=backbone.init_std,
+            attention=backbone.attention,
+            remat=backbone.remat,
+            scan_layers=backbone.scan_layers,
         )
 
 
@@ -271,6 +289,10 @@ class TrainConfig:
 
     steps: int = 200
     batch_size: int = 16  # global batch, in windows of data.seq_len tokens
+    # gradient accumulation: the step runs the batch as this many microbatches (of batch_size /
+    # microbatches rows each), summing gradients; the update equals the whole batch's
+    microbatches: int = 1
+    devices: int = 0  # the device count this config's global batch is meant for (`plan`); 0 = 8
     seed: int = 0
     eval_every: int = 50  # 0 = only at the end
     eval_batches: int = 8
@@ -291,6 +313,12 @@ class TrainConfig:
             f"train.profile_process={self.profile_process} (expected a process index or -1)",
         )
         _check(self.batch_size > 0, f"train.batch_size={self.batch_size} (expected > 0)")
+        _check(
+            self.microbatches > 0 and self.batch_size % self.microbatches == 0,
+            f"train.microbatches={self.microbatches} (expected a divisor of "
+            f"train.batch_size={self.batch_size})",
+        )
+        _check(self.devices >= 0, f"train.devices={self.devices} (expected >= 0; 0 = 8)")
         _check(self.eval_every >= 0, f"train.eval_every={self.eval_every} (expected >= 0)")
         _check(self.eval_batches > 0, f"train.eval_batches={self.eval_batches} (expected > 0)")
         _check(self.log_every > 0, f"train.log_every={self.log_every} (expected > 0)")

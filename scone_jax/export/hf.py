@@ -25,6 +25,7 @@ from scone_jax.data.dataset import META_FILE
 from scone_jax.data.hf_tokenizer import HFTokenizer
 from scone_jax.data.tokenizer import find_tokenizer_file
 from scone_jax.errors import UserError
+from scone_jax.model.stack import unstack_layers
 from scone_jax.runtime.distributed import barrier
 from scone_jax.serve.tables import HostTable
 
@@ -60,7 +61,8 @@ def export_hf(
     dataset = Path(run.info["dataset"])
     meta = _dataset_meta(dataset)
     config = hf_config(cfg, vocab, meta.get("eos_id"), meta.get("bos_id"))
-    tensors = to_hf_tensors(params["backbone"] if scone else params, cfg)
+    backbone = params["backbone"] if scone else params
+    tensors = to_hf_tensors(unstack_layers(backbone) if cfg.scan_layers else backbone, cfg)
     info = {
         "checkpoint_step": run.step,
         "checkpoint_fingerprint": run.fingerprint,

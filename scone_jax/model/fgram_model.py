@@ -14,8 +14,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scone_jax.config.schema import ModelConfig
-from scone_jax.model.layers import Block, Norm, param
-from scone_jax.model.transformer import causal_mask
+from scone_jax.model.layers import Norm, param
+from scone_jax.model.stack import block_at, make_blocks, num_layers, remat, run_blocks
 from scone_jax.sharding.rules import axis_namespace, constrain
 
 
@@ -46,7 +46,7 @@ class FgramModel(nnx.Module):
                     cfg.init_std,
                     pdt,
                 )
-            self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
+            self.blocks = make_blocks(cfg, rngs=rngs)
             self.final_norm = Norm(cfg, cfg.d_model, rngs=rngs)
             # zero-initialized per-dimension gain on the output: a gated model starts as the
             # baseline
@@ -61,9 +61,9 @@ class FgramModel(nnx.Module):
             k = token_embeddings.shape[1]
             positions = jnp.broadcast_to(jnp.arange(k), token_embeddings.shape[:2])
             x = self._embed(token_embeddings, positions)
-            mask = causal_mask(k)
-            for block in self.blocks:
-                x = block(x, positions, mask)
+            x = run_blocks(
+                self.blocks, x, lambda block, h: block(h, positions, None), self.cfg.remat
+            )
             last = jnp.clip(lengths - 1, 0, k - 1)
             out = self._output(
                 jnp.take_along_axis(x, last[:, None, None].astype(jnp.int32), axis=1)[:, 0]
@@ -92,9 +92,17 @@ class FgramModel(nnx.Module):
                 paths[:, :, :, None] == jnp.arange(block), axis=2
             )  # [blocks, query, key]
             x = self._embed(token_embeddings.reshape(-1, block, token_embeddings.shape[-1]), depths)
-            for layer in self.blocks[:-1]:
-                x = layer(x, depths, on_path)
-            x = self.blocks[-1].at_rows(x, depths, on_path, outputs)
+            last = num_layers(self.blocks) - 1
+            x = run_blocks(
+                self.blocks, x, lambda layer, h: layer(h, depths, on_path), self.cfg.remat, last
+            )
+            final = block_at(self.blocks, last)
+            graphdef, state = nnx.split(final)
+            x = remat(
+                lambda layer, h: layer.at_rows(h, depths, on_path, outputs),
+                graphdef,
+                self.cfg.remat,
+            )(state, x)
             return constrain(self._output(x), ("batch", "seq", "embed"))
 
     def _embed(self, token_embeddings: jax.Array, positions: jax.Array) -> jax.Array:

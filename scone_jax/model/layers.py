@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scone_jax.config.schema import ModelConfig
+from scone_jax.errors import UserError
 from scone_jax.sharding.rules import axis_names, constrain
 
 
@@ -50,6 +51,21 @@ class Norm(nnx.Module):
             y = (xf - mean) * jax.lax.rsqrt(var + self.eps)
             y = y * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)
         return y.astype(x.dtype)
+
+
+def attention_implementation(name: str, dtype) -> str:
+    """`model.attention` resolved for this backend: `auto` is cuDNN's fused kernel on an NVIDIA
+    GPU in half precision (all it supports), XLA's attention elsewhere."""
+    on_gpu = jax.default_backend() == "gpu"
+    if name == "cudnn" and not on_gpu:
+        raise UserError(
+            f"model.attention='cudnn' needs an NVIDIA GPU (this backend is "
+            f"{jax.default_backend()}; use 'auto' or 'xla')"
+        )
+    if name != "auto":
+        return name
+    half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    return "cudnn" if half and on_gpu else "xla"
 
 
 def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
@@ -98,16 +114,20 @@ class Attention(nnx.Module):
         k = constrain(k, ("batch", "seq", "kv_heads", "head_dim"))
         return q, k, v
 
-    def _attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-        """softmax(q k^T / sqrt(d)) v over keys allowed by `mask` [B or 1, Tq, Tk], per head."""
-        cfg, dt = self.cfg, q.dtype
-        groups = cfg.n_heads // cfg.kv_heads
-        if groups > 1:
-            k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
-        scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32) / math.sqrt(cfg.head_dim)
-        scores = jnp.where(mask[:, None, :, :], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        return jnp.einsum("bhqs,bshk->bqhk", probs, v)
+    def _attend(
+        self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, implementation: str
+    ) -> jax.Array:
+        """softmax(q k^T / sqrt(d)) v per head (logits and softmax in float32), over the keys
+        `mask` [B or 1, Tq, Tk] allows, or causally when `mask` is None (which lets a fused
+        kernel skip the masked half). Grouped kv heads are shared, not repeated."""
+        return jax.nn.dot_product_attention(
+            q,
+            k,
+            v,
+            mask=None if mask is None else mask[:, None],
+            is_causal=mask is None,
+            implementation=implementation,
+        )
 
     def project(self, heads: jax.Array) -> jax.Array:
         """The output projection of the attended values [B, T, heads, head_dim] -> [B, T, d]."""
@@ -117,13 +137,14 @@ class Attention(nnx.Module):
             y = y + self.bo[...].astype(heads.dtype)
         return y
 
-    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array | None) -> jax.Array:
         return self.project(self.heads(x, positions, mask))
 
-    def heads(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
-        """The attended values [B, T, heads, head_dim], before the output projection."""
+    def heads(self, x: jax.Array, positions: jax.Array, mask: jax.Array | None) -> jax.Array:
+        """The attended values [B, T, heads, head_dim], before the output projection; `mask`
+        None is causal."""
         q, k, v = self._qkv(x, positions)
-        return self._attend(q, k, v, mask)
+        return self._attend(q, k, v, mask, attention_implementation(self.cfg.attention, q.dtype))
 
     def cached(
         self,
@@ -150,7 +171,8 @@ class Attention(nnx.Module):
         mask = (key_pos[None, None, :] <= (start + jnp.arange(x.shape[1]))[None, :, None]) & (
             key_pos[None, None, :] >= first_valid[:, None, None]
         )
-        y = self.project(self._attend(q, k_all.astype(q.dtype), v_all.astype(q.dtype), mask))
+        # decoding attends a few queries to a padded cache: XLA's attention, whatever the config
+        y = self.project(self._attend(q, k_all.astype(q.dtype), v_all.astype(q.dtype), mask, "xla"))
         return y, {"k": k_all, "v": v_all}
 
 
@@ -193,7 +215,8 @@ class Block(nnx.Module):
         self.mlp_norm = Norm(cfg, cfg.d_model, rngs=rngs)
         self.mlp = Mlp(cfg, rngs=rngs)
 
-    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array | None) -> jax.Array:
+        """`mask` [B or 1, T, T] says which keys each query sees; None is causal."""
         return self._mlp_residual(x + self.attn(self.attn_norm(x), positions, mask))
 
     def at_rows(

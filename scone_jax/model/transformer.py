@@ -11,12 +11,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from scone_jax.config.schema import ModelConfig
-from scone_jax.model.layers import Block, Norm, param
+from scone_jax.model.layers import Norm, param
+from scone_jax.model.stack import block_at, make_blocks, num_layers, run_blocks
 from scone_jax.sharding.rules import constrain
-
-
-def causal_mask(length: int) -> jax.Array:
-    return jnp.tril(jnp.ones((length, length), dtype=bool))[None]
 
 
 class Transformer(nnx.Module):
@@ -32,7 +29,7 @@ class Transformer(nnx.Module):
             self.pos_embed = param(
                 rngs, (cfg.max_seq_len, cfg.d_model), ("positions", "embed"), cfg.init_std, pdt
             )
-        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.n_layers)])
+        self.blocks = make_blocks(cfg, rngs=rngs)
         self.final_norm = Norm(cfg, cfg.d_model, rngs=rngs)
         if not cfg.tie_embeddings:
             self.lm_head = param(
@@ -58,16 +55,15 @@ class Transformer(nnx.Module):
             x = x + rows.astype(self.dtype)
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(length), x.shape[:2])
-        mask = causal_mask(length)
-        for block in self.blocks:
-            x = block(x, positions, mask)
+        x = run_blocks(self.blocks, x, lambda block, h: block(h, positions, None), self.cfg.remat)
         return self.final_norm(x)
 
     def init_cache(self, batch: int, max_len: int, dtype=None) -> list[dict]:
         """An empty KV cache for `max_len` tokens: one {k, v} per layer."""
         shape = (batch, max_len, self.cfg.kv_heads, self.cfg.head_dim)
         dtype = dtype or self.dtype
-        return [{"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)} for _ in self.blocks]
+        layers = num_layers(self.blocks)
+        return [{"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)} for _ in range(layers)]
 
     def hidden_cached(
         self,
@@ -88,8 +84,10 @@ class Transformer(nnx.Module):
         if self.cfg.family == "gpt2":
             x = x + jnp.take(self.pos_embed[...], positions, axis=0).astype(self.dtype)
         new_cache = []
-        for block, layer_cache in zip(self.blocks, cache):
-            x, layer_cache = block.cached(x, positions, layer_cache, start, first_valid)
+        for layer, layer_cache in enumerate(cache):
+            x, layer_cache = block_at(self.blocks, layer).cached(
+                x, positions, layer_cache, start, first_valid
+            )
             new_cache.append(layer_cache)
         return self.final_norm(x), new_cache
 

@@ -19,25 +19,31 @@ def batch_shardings(
     batch_size: int,
     seq_len: int,
     max_n: int | None = None,
+    microbatches: int = 1,
 ):
     """Shardings of a batch; SCONE batches (`max_n` set) also carry `fgram_index` and the
     prefix forest's node buffers (scone_jax/forest/), one group per f-gram data shard."""
     out = {k: named_sharding(v, (batch_size, seq_len), mesh, rules) for k, v in BATCH_AXES.items()}
     if max_n:
         out["fgram_index"] = named_sharding(("batch", "seq"), (batch_size, seq_len), mesh, rules)
-        out.update(node_shardings(mesh, rules))
+        out.update(node_shardings(mesh, rules, microbatches))
     return out
 
 
-def node_shardings(mesh: Mesh, rules: Mapping[str, MeshAxes]) -> dict[str, NamedSharding]:
-    """The prefix forest's buffers ([G, N, B] tokens, [G, N, B, K] paths, [G, R] output slots):
-    groups over the data shards."""
+def node_shardings(
+    mesh: Mesh, rules: Mapping[str, MeshAxes], microbatches: int = 1
+) -> dict[str, NamedSharding]:
+    """The prefix forest's buffers ([G, N, B] tokens, [G, N, B, K] paths, [G, R] output slots,
+    each with a leading microbatch axis when there are several): groups over the data shards."""
+    lead = (None,) if microbatches > 1 else ()
+
+    def sharding(*rest):
+        return NamedSharding(mesh, logical_to_spec((*lead, "fgram/batch", *rest), rules))
+
     return {
-        "fgram_nodes": NamedSharding(mesh, logical_to_spec(("fgram/batch", None, None), rules)),
-        "fgram_paths": NamedSharding(
-            mesh, logical_to_spec(("fgram/batch", None, None, None), rules)
-        ),
-        "fgram_outputs": NamedSharding(mesh, logical_to_spec(("fgram/batch", None), rules)),
+        "fgram_nodes": sharding(None, None),
+        "fgram_paths": sharding(None, None, None),
+        "fgram_outputs": sharding(None),
     }
 
 

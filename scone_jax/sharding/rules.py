@@ -33,6 +33,7 @@ DEFAULT_RULES: dict[str, MeshAxes] = {
     "positions": None,
     "norm": None,
     "backbone_embed": "fsdp",  # the backbone-width side of the f-gram model's projections
+    "layers": None,  # the stacked axis of scanned blocks (model.scan_layers): each device has all
 }
 
 # The f-gram model (SCONE) names its axes "fgram/<name>" (see `axis_namespace`). A

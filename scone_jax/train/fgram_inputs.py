@@ -17,6 +17,7 @@ from scone_jax.fgrams.store import FgramSet
 from scone_jax.fgrams.tag import tags_for_dataset
 from scone_jax.forest.batcher import FgramBatcher
 from scone_jax.forest.layout import round_up
+from scone_jax.forest.microbatch import MicrobatchForests
 
 
 @dataclass
@@ -25,6 +26,12 @@ class FgramInputs:
 
     fgram_set: FgramSet
     batcher: FgramBatcher
+    microbatches: int = 1
+
+    def transform(self, batcher: FgramBatcher | None = None) -> FgramBatcher | MicrobatchForests:
+        """What turns a batch's tags into its forest: one forest, or one per microbatch."""
+        batcher = batcher or self.batcher
+        return MicrobatchForests(batcher, self.microbatches) if self.microbatches > 1 else batcher
 
     def batcher_for(self, dataset: TokenizedDataset, progress: bool = True) -> FgramBatcher:
         """The same buffers for another dataset (an extra eval set), tagged with this set."""
@@ -99,6 +106,7 @@ def prepare_fgram_inputs(
     process_index: int = 0,
     process_count: int = 1,
     barrier=None,
+    microbatches: int = 1,
 ) -> FgramInputs:
     """The run's f-gram set, the dataset's tags (each of `process_count` processes tagging its
     share, see `tags_for_dataset`), and a batcher with `groups` node buffers (the host's data
@@ -112,7 +120,7 @@ def prepare_fgram_inputs(
         process_count=process_count,
         barrier=barrier,
     )
-    granule = max(positions_per_host // (32 * groups * cfg.block_size), 1)
+    granule = max(positions_per_host // (32 * groups * cfg.block_size * microbatches), 1)
     fgram_tokens, fgram_lengths = fgram_set.tokens, fgram_set.lengths
     if (
         cfg.permute_rows
@@ -133,4 +141,4 @@ def prepare_fgram_inputs(
         groups=groups,
         capacity=round_up(-(-cfg.capacity // cfg.block_size), granule),
     )
-    return FgramInputs(fgram_set=fgram_set, batcher=batcher)
+    return FgramInputs(fgram_set=fgram_set, batcher=batcher, microbatches=microbatches)

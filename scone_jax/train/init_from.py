@@ -25,6 +25,7 @@ from scone_jax.artifacts.hf_checkpoint import (
 from scone_jax.config import Config
 from scone_jax.data.tokenizer import find_tokenizer_file, load_tokenizer
 from scone_jax.errors import UserError
+from scone_jax.model.stack import stack_layers
 from scone_jax.train.state import TrainSetup
 
 
@@ -36,6 +37,8 @@ def initial_state(setup: TrainSetup, cfg: Config, vocab: int, tokenizer_sha256: 
         return state
     where = f"model.init_from {source}"
     tree = backbone_from_hf(source, cfg, vocab, tokenizer_sha256)
+    if cfg.model.scan_layers:
+        tree = stack_layers(tree)
     scone = cfg.fgrams.enabled
     params = state["params"]
     target = params["backbone"] if scone else params

@@ -66,7 +66,7 @@ class Session:
         if forest is not None and jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
-            have = np.array([forest.nodes.shape[1], forest.outputs.shape[1]], np.int64)
+            have = np.array([forest.nodes.shape[-2], forest.outputs.shape[-1]], np.int64)
             blocks, outputs = np.max(multihost_utils.process_allgather(have), axis=0).tolist()
             local_batch = {
                 **local_batch,
@@ -116,6 +116,7 @@ class Session:
             self.rules,
             self.setup.shardings,
             self.batch_sharding,
+            self.cfg.train.microbatches,
         )
 
     def eval_step(self):
@@ -125,6 +126,7 @@ class Session:
             self.rules,
             self.setup.shardings["params"],
             self.batch_sharding,
+            self.cfg.train.microbatches,
         )
 
 
@@ -145,7 +147,7 @@ def _named_eval_sets(
             cfg.train.eval_batches,
             pid,
             nproc,
-            transform=fgrams.batcher if fgrams else None,
+            transform=fgrams.transform() if fgrams else None,
         )
     for path in extra:
         other = TokenizedDataset.open(path)
@@ -159,7 +161,7 @@ def _named_eval_sets(
             source, batch, cfg.train.eval_batches, f"eval dataset {path}"
         )  # before tagging it
         transform = (
-            fgrams.batcher_for(other, progress=cfg.logging.progress and pid == 0)
+            fgrams.transform(fgrams.batcher_for(other, progress=cfg.logging.progress and pid == 0))
             if fgrams
             else None
         )
@@ -191,6 +193,22 @@ def _prepare_dataset(cfg: Config, run_dir: Path) -> TokenizedDataset:
     )
 
 
+def check_batch_layout(cfg: Config, data_parallel: int) -> None:
+    """The global batch divides over the data shards, and each shard's rows over the
+    microbatches (so a microbatch is spread evenly over the shards)."""
+    batch, micro = cfg.train.batch_size, cfg.train.microbatches
+    if batch % data_parallel:
+        raise UserError(
+            f"train.batch_size={batch} is not divisible by the data-parallel mesh size "
+            f"data*fsdp={data_parallel}"
+        )
+    if (batch // data_parallel) % micro:
+        raise UserError(
+            f"train.microbatches={micro} does not divide the {batch // data_parallel} rows of "
+            f"each data shard (train.batch_size={batch} over data*fsdp={data_parallel})"
+        )
+
+
 def open_session(cfg: Config, run_dir: Path, extra_eval: list[str] | None = None) -> Session:
     dataset = _prepare_dataset(cfg, run_dir)
     vocab = cfg.model.vocab_size or dataset.vocab_size
@@ -201,11 +219,7 @@ def open_session(cfg: Config, run_dir: Path, extra_eval: list[str] | None = None
         )
     mesh = make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     data_parallel = mesh.shape["data"] * mesh.shape["fsdp"]
-    if cfg.train.batch_size % data_parallel:
-        raise UserError(
-            f"train.batch_size={cfg.train.batch_size} is not divisible by the data-parallel "
-            f"mesh size data*fsdp={data_parallel}"
-        )
+    check_batch_layout(cfg, data_parallel)
     rules = make_rules(cfg.mesh.rules)
     tx, schedule = make_optimizer(cfg.optim, cfg.train.steps)
     setup = setup_train_state(build_model_fn(cfg, vocab), tx, cfg.train.seed, mesh, rules)
@@ -227,6 +241,7 @@ def open_session(cfg: Config, run_dir: Path, extra_eval: list[str] | None = None
             process_index=jax.process_index(),
             process_count=jax.process_count(),
             barrier=barrier,
+            microbatches=cfg.train.microbatches,
         )
     stream = BatchStream(
         WindowSource(dataset, train_ids, cfg.data.seq_len),
@@ -234,11 +249,11 @@ def open_session(cfg: Config, run_dir: Path, extra_eval: list[str] | None = None
         seed=cfg.train.seed,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
-        transform=fgrams.batcher if fgrams else None,
+        transform=fgrams.transform() if fgrams else None,
     )
     if fgrams is not None:
         # deterministic: the first batches of the run, whatever step a resume starts at
-        fgrams.batcher.calibrate(stream.raw_batch(k) for k in range(CALIBRATION_BATCHES))
+        fgrams.transform().calibrate(stream.raw_batch(k) for k in range(CALIBRATION_BATCHES))
     eval_sets = _named_eval_sets(
         cfg,
         dataset,
@@ -261,6 +276,7 @@ def open_session(cfg: Config, run_dir: Path, extra_eval: list[str] | None = None
             cfg.train.batch_size,
             cfg.data.seq_len,
             cfg.fgrams.max_n if cfg.fgrams.enabled else None,
+            cfg.train.microbatches,
         ),
         train_stream=stream,
         eval_sets=eval_sets,

@@ -33,6 +33,31 @@ def model_inputs(batch) -> dict:
     return {k: batch[k] for k in ("fgram_index", "fgram_nodes", "fgram_paths", "fgram_outputs")}
 
 
+def microbatch_rows(batch: dict, microbatches: int) -> dict:
+    """The device batch as [M, ...] microbatches: microbatch m is rows m, m + M, ... (a local
+    reshape when M divides each data shard's rows); the f-gram buffers already are per
+    microbatch (forest/microbatch.py)."""
+
+    def split(key, x):
+        if key in ("fgram_nodes", "fgram_paths", "fgram_outputs"):
+            return x
+        rows = x.reshape(x.shape[0] // microbatches, microbatches, *x.shape[1:])
+        return jnp.swapaxes(rows, 0, 1)
+
+    return {key: split(key, x) for key, x in batch.items()}
+
+
+def over_microbatches(fn, batch: dict, microbatches: int, carry):
+    """`carry = fn(carry, microbatch)` for each microbatch in turn (`lax.scan`), or once over
+    the whole batch when there is one: only one microbatch's activations are live at a time."""
+    if microbatches == 1:
+        return fn(carry, batch)
+    carry, _ = jax.lax.scan(
+        lambda c, mb: (fn(c, mb), None), carry, microbatch_rows(batch, microbatches)
+    )
+    return carry
+
+
 def token_losses(handle: ModelHandle, params, batch) -> jax.Array:
     """Per-token next-token cross entropy [B, T] in float32."""
     logits = handle.merge(params)(batch["inputs"], **model_inputs(batch))
@@ -62,14 +87,29 @@ def make_train_step(
     rules: Mapping[str, MeshAxes],
     state_shardings,
     batch_sharding,
+    microbatches: int = 1,
 ):
+    """With `microbatches` M > 1 the gradient is the mean of the M microbatches' gradients
+    (float32 sums), which equals the whole batch's: microbatches have equal token counts."""
+
     def step_fn(state, batch):
+        params = state["params"]
+
+        def loss_fn(p, microbatch):
+            return jnp.mean(token_losses(handle, p, microbatch))
+
+        def accumulate(carry, microbatch):
+            loss, grads = jax.value_and_grad(loss_fn)(params, microbatch)
+            total, summed = carry
+            return total + loss, jax.tree.map(lambda a, g: a + g.astype(a.dtype), summed, grads)
+
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
         with activation_sharding(mesh, rules):
-
-            def loss_fn(params):
-                return jnp.mean(token_losses(handle, params, batch))
-
-            loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+            total, summed = over_microbatches(
+                accumulate, batch, microbatches, (jnp.zeros((), jnp.float32), zeros)
+            )
+        loss = total / microbatches
+        grads = jax.tree.map(lambda g, p: (g / microbatches).astype(p.dtype), summed, params)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         metrics = {
@@ -89,17 +129,30 @@ def make_train_step(
 
 
 def make_eval_step(
-    handle: ModelHandle, mesh: Mesh, rules: Mapping[str, MeshAxes], param_shardings, batch_sharding
+    handle: ModelHandle,
+    mesh: Mesh,
+    rules: Mapping[str, MeshAxes],
+    param_shardings,
+    batch_sharding,
+    microbatches: int = 1,
 ):
-    """Summed loss (nats), token count and predicted-target bytes for one batch."""
+    """Summed loss (nats), token count and predicted-target bytes for one batch (its
+    microbatches in turn, as the train step runs them)."""
 
     def eval_fn(params, batch, token_bytes):
+        def add(totals, microbatch):
+            losses = token_losses(handle, params, microbatch)
+            return {
+                "nats": totals["nats"] + jnp.sum(losses),
+                "tokens": totals["tokens"] + losses.size,
+                "bytes": totals["bytes"]
+                + jnp.sum(token_bytes[microbatch["targets"]]).astype(jnp.float32),
+            }
+
+        zero = jnp.zeros((), jnp.float32)
         with activation_sharding(mesh, rules):
-            losses = token_losses(handle, params, batch)
-        return {
-            "nats": jnp.sum(losses),
-            "tokens": jnp.asarray(losses.size, jnp.float32),
-            "bytes": jnp.sum(token_bytes[batch["targets"]]).astype(jnp.float32),
-        }
+            return over_microbatches(
+                add, batch, microbatches, {"nats": zero, "tokens": zero, "bytes": zero}
+            )
 
     return jax.jit(eval_fn, in_shardings=(param_shardings, batch_sharding, None))
