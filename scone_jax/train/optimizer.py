@@ -20,8 +20,16 @@ def lr_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
 
 
 def decay_mask(params):
-    """Decay matrices (embeddings, projections); never biases or norm scales."""
-    return jax.tree.map(lambda p: p.ndim >= 2, params)
+    """Decay matrices (embeddings, projections); never biases or norm scales. The leading axis
+    of scanned blocks (model.scan_layers: `blocks` without per-layer keys) stacks layers: it is
+    not a matrix dimension, so a stacked norm scale is still a vector."""
+
+    def decays(path, p) -> bool:
+        keys = [str(getattr(k, "key", k)) for k in path]
+        stacked = "blocks" in keys and not keys[keys.index("blocks") + 1].isdigit()
+        return p.ndim - stacked >= 2
+
+    return jax.tree_util.tree_map_with_path(decays, params)
 
 
 def make_optimizer(

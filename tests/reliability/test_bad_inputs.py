@@ -461,6 +461,16 @@ CASES = [
         ["fgrams", "stats", "{w}/fgrams", "{w}/other_ds", "--no-progress"],
         "tokenized with tokenizer bbbbbbbbbbbb",
     ),
+    # plan
+    ("plan-missing-config", ["plan", "{w}/nope.yaml"], "nope.yaml' not found"),
+    ("plan-unknown-remat", ["plan", "tiny", "model.remat=most"], "model.remat='most'"),
+    ("plan-mesh-does-not-divide", ["plan", "tiny", "mesh.data=3"], "mesh data=3"),
+    ("plan-no-devices", ["plan", "tiny", "--devices", "-2"], "plan --devices -2 (expected > 0)"),
+    (
+        "plan-microbatches-do-not-divide",
+        ["plan", "tiny", "train.microbatches=3"],
+        "train.microbatches=3 (expected a divisor of train.batch_size=16)",
+    ),
     # train
     ("train-missing-config", ["train", "{w}/nope.yaml"], "nope.yaml' not found"),
     ("train-unreadable-config", ["train", "{w}/unreadable.yaml"], "unreadable.yaml"),

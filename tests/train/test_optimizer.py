@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from scone_jax.config import OptimConfig
-from scone_jax.train.optimizer import lr_schedule, make_optimizer
+from scone_jax.model.stack import stack_layers
+from scone_jax.train.optimizer import decay_mask, lr_schedule, make_optimizer
 
 
 def closed_form_lr(cfg: OptimConfig, total: int, step: int) -> float:
@@ -73,3 +74,12 @@ def test_first_adamw_update_decays_matrices_but_not_biases_or_norm_scales(rng):
         strict=True,
     ):
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-7)
+
+
+def test_the_decay_mask_is_the_same_for_scanned_and_unrolled_layers(rng):
+    layer = {"attn": {"wq": np.zeros((4, 2, 2)), "bo": np.zeros(4)}, "norm": np.zeros(4)}
+    unrolled = {"blocks": {i: layer for i in range(3)}, "embed_table": np.zeros((5, 4))}
+    mask = decay_mask(unrolled)
+    assert mask["blocks"][1] == {"attn": {"wq": True, "bo": False}, "norm": False}
+    stacked = decay_mask(stack_layers(unrolled))
+    assert stacked == {"blocks": mask["blocks"][0], "embed_table": True}
