@@ -13,15 +13,11 @@ import pytest
 from scone_jax.artifacts.checkpoint import DAMAGED_DIR
 from scone_jax.artifacts.restore import load_run_params
 from tests.reliability.faults import TALLY, faulty_cli, finish
-from tests.train.helpers import losses, read_metrics, tiny_overrides, wait_for_step
+from tests.train.helpers import SCONE_OVERRIDES, losses, read_metrics, tiny_overrides, wait_for_step
 
 pytestmark = pytest.mark.slow
 SCONE = {
-    "fgrams.enabled": "true",
-    "fgrams.max_n": 4,
-    "fgrams.num_fgrams": 3000,
-    "fgrams.min_count": 2,
-    "fgrams.n_layers": 1,
+    **SCONE_OVERRIDES,
     "checkpoint.every": 3,
     "checkpoint.async_save": "true",
     "train.eval_every": 10,

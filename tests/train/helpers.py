@@ -12,6 +12,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
+# a small f-gram model and set for the tiny runs (SCONE's train tests)
+SCONE_OVERRIDES = {
+    "fgrams.enabled": "true",
+    "fgrams.max_n": 4,
+    "fgrams.num_fgrams": 3000,
+    "fgrams.min_count": 2,
+    "fgrams.n_layers": 1,
+}
+
+
 def tiny_overrides(dataset: Path, run_dir: Path, steps: int = 20, **extra) -> list[str]:
     base = {
         "run_dir": str(run_dir),

@@ -14,15 +14,8 @@ from scone_jax.config import load_config
 from scone_jax.errors import UserError
 from scone_jax.model.stack import stack_layers
 from scone_jax.train.loop import train
-from tests.train.helpers import losses, tiny_overrides
+from tests.train.helpers import SCONE_OVERRIDES, losses, tiny_overrides
 
-SCONE = {
-    "fgrams.enabled": "true",
-    "fgrams.max_n": 4,
-    "fgrams.num_fgrams": 3000,
-    "fgrams.min_count": 2,
-    "fgrams.n_layers": 1,
-}
 MESH = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "train.batch_size": 16}
 STEPS = 6
 
@@ -43,7 +36,7 @@ def assert_params_close(a, b, rtol, atol):
 def test_microbatches_give_the_whole_batchs_losses_and_parameters(
     scone, microbatches, markov_dataset, tmp_path
 ):
-    extra = SCONE if scone else {}
+    extra = SCONE_OVERRIDES if scone else {}
     whole_losses, whole = run(markov_dataset.path, tmp_path / "whole", **extra)
     micro_losses, micro = run(
         markov_dataset.path, tmp_path / "micro", **extra, **{"train.microbatches": microbatches}
@@ -76,12 +69,12 @@ def test_scanned_rematerialized_layers_train_like_unrolled_ones_on_the_mesh(
 ):
     """Backbone and f-gram model scanned (stacked parameters sharded by the rules table) and
     rematerialized, against the unrolled model: the same losses and parameters."""
-    plain_losses, plain = run(markov_dataset.path, tmp_path / "plain", 3, **SCONE)
+    plain_losses, plain = run(markov_dataset.path, tmp_path / "plain", 3, **SCONE_OVERRIDES)
     scanned_losses, scanned = run(
         markov_dataset.path,
         tmp_path / "scanned",
         3,
-        **SCONE,
+        **SCONE_OVERRIDES,
         **{"model.scan_layers": "true", "model.remat": "block"},
     )
     np.testing.assert_allclose(

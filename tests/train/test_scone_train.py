@@ -8,19 +8,19 @@ import pytest
 
 from scone_jax.config import load_config
 from scone_jax.train.loop import train
-from tests.train.helpers import cli, cli_run, losses, read_metrics, tiny_overrides, wait_for_step
-
-SCONE = {
-    "fgrams.enabled": "true",
-    "fgrams.max_n": 4,
-    "fgrams.num_fgrams": 3000,
-    "fgrams.min_count": 2,
-    "fgrams.n_layers": 1,
-}
+from tests.train.helpers import (
+    SCONE_OVERRIDES,
+    cli,
+    cli_run,
+    losses,
+    read_metrics,
+    tiny_overrides,
+    wait_for_step,
+)
 
 
 def scone_overrides(dataset, run_dir, steps, **extra):
-    return tiny_overrides(dataset, run_dir, steps, **{**SCONE, **extra})
+    return tiny_overrides(dataset, run_dir, steps, **{**SCONE_OVERRIDES, **extra})
 
 
 @pytest.mark.parametrize(
