@@ -12,8 +12,8 @@ Released cleanly, the lock file is removed, while still held: a job that opened 
 before the removal finds, once it gets the lock, that the path no longer names its file, and
 tries again on the new one, so two jobs never hold two files of one path.
 
-Only local and network filesystems have such locks: object stores (gs://, s3://) get none here
-(docs/reliability.md, limits).
+Only local and network filesystems have such locks: an artifact on an object store (gs://,
+s3://, memory://) is claimed with a lease instead (lease.py).
 """
 
 from __future__ import annotations
@@ -26,31 +26,16 @@ import os
 import socket
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
+from scone_jax.artifacts.holder import ArtifactInUse, Holder
+from scone_jax.artifacts.lease import ObjectStoreLease
+from scone_jax.artifacts.table_store import Location
 from scone_jax.atomic import check_output_path
 from scone_jax.errors import UserError
 from scone_jax.runtime.distributed import process_index
 
 HOLDER_READ_TRIES = 20  # a holder that has just taken the lock writes its details a moment later
-
-
-class ArtifactInUse(UserError):
-    """The artifact is being written by another job."""
-
-
-@dataclass(frozen=True)
-class Holder:
-    host: str
-    pid: int
-    command: str
-    since: float  # seconds since the epoch
-
-    def describe(self) -> str:
-        since = datetime.fromtimestamp(self.since, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-        return f"pid {self.pid} on host {self.host}, `{self.command}`, since {since}"
 
 
 def lock_file(path: str | os.PathLike) -> Path:
@@ -154,14 +139,19 @@ class ArtifactLock:
 
 @contextlib.contextmanager
 def writing(
-    targets: Sequence[tuple[str, str | os.PathLike | None]], command: str
+    targets: Sequence[tuple[str, str | os.PathLike | Location | None]], command: str
 ) -> Iterator[None]:
     """Hold the lock of every (what, path) target for the block: the one way a command claims
-    what it writes. In a multi-process job process 0 holds them, for the whole job; a path of
-    None (an object store location) is skipped."""
-    locks: dict[Path, ArtifactLock] = {}
+    what it writes. In a multi-process job process 0 holds them, for the whole job. A target on
+    an object store (a Location without a local path) holds a lease instead; None is skipped."""
+    locks: dict = {}
     if process_index() == 0:
         for what, path in targets:
+            if isinstance(path, Location):
+                if path.local_path is None:
+                    locks[path.url] = ObjectStoreLease(path, what, command)
+                    continue
+                path = path.local_path
             if path is not None and lock_file(path) not in locks:
                 locks[lock_file(path)] = ArtifactLock(path, what, command)
     with contextlib.ExitStack() as held:

@@ -68,7 +68,7 @@ def run(args) -> int:
             raise UserError(f"--{name.replace('_', '-')}={getattr(args, name)} (expected > 0)")
     if not args.out and not args.hf_out:
         raise UserError("give --out TABLE_URL (the f-gram table), --hf-out DIR, or both")
-    table = parse_location(args.out).local_path if args.out else None  # None: an object store
+    table = parse_location(args.out) if args.out else None  # on an object store: a lease
     outputs = [("--out", table), ("--backbone-out", args.backbone_out), ("--hf-out", args.hf_out)]
     topology = distributed_args.initialize_from_args(args)
     with distributed.failures_reported(args.run_dir), writing(outputs, args.command_line):
