@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
+from scone_jax.artifacts.checkpoint import abstract_with_shardings
 from scone_jax.config import Config
 from scone_jax.forest.layout import round_up
 from scone_jax.metrics.flops import fgram_forest_forward, model_flops
@@ -70,11 +71,7 @@ def plan_train_step(cfg: Config, devices: Sequence[jax.Device], device_memory_gi
         key: jax.ShapeDtypeStruct(shapes[key], jnp.int32, sharding=sh)
         for key, sh in shardings.items()
     }
-    abstract_state = jax.tree.map(
-        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-        setup.abstract_state,
-        setup.shardings,
-    )
+    abstract_state = abstract_with_shardings(setup.abstract_state, setup.shardings)
     step = make_train_step(
         setup.handle,
         tx,

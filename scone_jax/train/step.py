@@ -92,11 +92,12 @@ def make_train_step(
     """With `microbatches` M > 1 the gradient is the mean of the M microbatches' gradients
     (float32 sums), which equals the whole batch's: microbatches have equal token counts."""
 
-    def step_fn(state, batch):
-        params = state["params"]
+    def loss_fn(params, microbatch):
+        return jnp.mean(token_losses(handle, params, microbatch))
 
-        def loss_fn(p, microbatch):
-            return jnp.mean(token_losses(handle, p, microbatch))
+    def loss_and_grads(params, batch):
+        if microbatches == 1:  # no accumulator: the step keeps one gradient tree
+            return jax.value_and_grad(loss_fn)(params, batch)
 
         def accumulate(carry, microbatch):
             loss, grads = jax.value_and_grad(loss_fn)(params, microbatch)
@@ -104,12 +105,15 @@ def make_train_step(
             return total + loss, jax.tree.map(lambda a, g: a + g.astype(a.dtype), summed, grads)
 
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-        with activation_sharding(mesh, rules):
-            total, summed = over_microbatches(
-                accumulate, batch, microbatches, (jnp.zeros((), jnp.float32), zeros)
-            )
-        loss = total / microbatches
+        total, summed = over_microbatches(
+            accumulate, batch, microbatches, (jnp.zeros((), jnp.float32), zeros)
+        )
         grads = jax.tree.map(lambda g, p: (g / microbatches).astype(p.dtype), summed, params)
+        return total / microbatches, grads
+
+    def step_fn(state, batch):
+        with activation_sharding(mesh, rules):
+            loss, grads = loss_and_grads(state["params"], batch)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         metrics = {

@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests.train.helpers import read_metrics
+from tests.train.helpers import wait_for_step
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = REPO / "launch" / "local.py"
@@ -88,6 +88,12 @@ def scone_job(n: int, *scone_args: str, devices: int = 4, env: dict[str, str] | 
     return Job([f"--devices-per-process={devices}", str(n), *scone_args], env)
 
 
+def process_environ(proc_dir: Path) -> dict[str, str]:
+    """The environment a running process started with, from /proc/PID/environ."""
+    raw = (proc_dir / "environ").read_bytes().decode()
+    return dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
+
+
 def scone_process_pids(launcher_pid: int) -> dict[int, int]:
     """{SCONE_PROCESS_ID: pid} of the launcher's children (Linux /proc)."""
     found = {}
@@ -98,11 +104,7 @@ def scone_process_pids(launcher_pid: int) -> dict[int, int]:
                 or int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) != launcher_pid
             ):
                 continue
-            env = dict(
-                kv.split("=", 1)
-                for kv in (entry / "environ").read_bytes().decode().split("\0")
-                if "=" in kv
-            )
+            env = process_environ(entry)
         except (OSError, ValueError):
             continue
         if "SCONE_PROCESS_ID" in env:
@@ -110,14 +112,6 @@ def scone_process_pids(launcher_pid: int) -> dict[int, int]:
     return found
 
 
-def wait_for_step(run_dir: Path, step: int, job, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert job.proc.poll() is None, f"job ended early:\n{job.output[-3000:]}"
-        try:
-            if any(r["step"] >= step for r in read_metrics(run_dir)):
-                return
-        except (FileNotFoundError, ValueError):
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"step {step} not reached:\n{job.output[-3000:]}")
+def wait_for_job_step(run_dir: Path, step: int, job, timeout: float = 240) -> None:
+    """`wait_for_step` for a launcher job (its output is both processes')."""
+    wait_for_step(run_dir, step, job.proc, timeout, lambda: job.output)

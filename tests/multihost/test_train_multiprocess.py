@@ -18,7 +18,7 @@ from scone_jax.artifacts.checkpoint import Checkpointer
 from scone_jax.config import load_config
 from scone_jax.train.loop import train
 from scone_jax.train.session import open_session
-from tests.multihost.helpers import scone_job, scone_process_pids, wait_for_step
+from tests.multihost.helpers import scone_job, scone_process_pids, wait_for_job_step
 from tests.train.helpers import losses, tiny_overrides
 
 STEPS = 16
@@ -45,7 +45,7 @@ def test_two_processes_resume_after_a_lost_peer_and_match_one_process(markov_dat
     args = ["train", "tiny", *tiny_overrides(markov_dataset.path, multi, STEPS, **MESH)]
     env = {"SCONE_PEER_TIMEOUT": "8"}
     job = scone_job(2, *args, env=env)
-    wait_for_step(multi, 6, job)
+    wait_for_job_step(multi, 6, job)
     os.kill(scone_process_pids(job.proc.pid)[1], signal.SIGKILL)
     job.finish(120)
     job.wait_for(r"^\[p0\] scone-jax: process 1 of 2 is lost .*; stopping process 0")

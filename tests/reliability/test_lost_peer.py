@@ -13,7 +13,7 @@ import time
 import pytest
 
 from scone_jax.artifacts.lock import ArtifactLock
-from tests.multihost.helpers import scone_job, scone_process_pids, wait_for_step
+from tests.multihost.helpers import scone_job, scone_process_pids, wait_for_job_step
 from tests.reliability.faults import TALLY
 from tests.train.helpers import tiny_overrides
 
@@ -28,7 +28,7 @@ def test_a_peer_killed_mid_training_ends_the_survivor_within_seconds(markov_data
         markov_dataset.path, run, 500, **MESH, **{"checkpoint.async_save": "true"}
     )
     job = scone_job(2, "train", "tiny", *overrides)  # the default peer timeout: 60 s
-    wait_for_step(run, int(rng.integers(3, 10)), job)
+    wait_for_job_step(run, int(rng.integers(3, 10)), job)
     victim = scone_process_pids(job.proc.pid)[1]
     killed_at = time.monotonic()
     os.kill(victim, signal.SIGKILL)

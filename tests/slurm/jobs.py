@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.multihost.helpers import process_environ
 from tests.slurm.local_cluster import LocalCluster
 from tests.train.helpers import read_metrics
 
@@ -103,11 +104,7 @@ class SlurmJob:
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
                 if argv[1:3] != [b"-m", b"scone_jax.cli.main"]:  # srun's own line holds it too
                     continue
-                env = dict(
-                    kv.split("=", 1)
-                    for kv in (entry / "environ").read_bytes().decode().split("\0")
-                    if "=" in kv
-                )
+                env = process_environ(entry)
             except (OSError, ValueError):
                 continue
             if env.get("SLURM_JOB_ID") == self.id and "SLURM_PROCID" in env:

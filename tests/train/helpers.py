@@ -82,12 +82,14 @@ def cli_run(args: list[str], devices: int = 8, timeout: float = 300) -> subproce
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def wait_for_step(run_dir, step, proc, timeout=240):
-    """Block until `run_dir`'s metrics reach `step` (the process must still be running)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+def wait_for_step(run_dir, step, proc, timeout=240, output=None):
+    """Block until `run_dir`'s metrics reach `step` (the process must still be running);
+    `output()` is what a failure shows (default: the process's stderr)."""
+    output = output or (lambda: proc.stderr.read())
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"process ended early: {proc.stderr.read()[-2000:]}")
+            raise AssertionError(f"process ended early:\n{output()[-3000:]}")
         try:
             if any(r["step"] >= step for r in read_metrics(run_dir)):
                 return
