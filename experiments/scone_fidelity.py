@@ -221,8 +221,16 @@ def summarize_run(run_dir: Path) -> dict:
     }
 
 
+def point_key(row: dict) -> tuple:
+    return row["corpus"], row["variant"], row["seed"], row["steps"]
+
+
 def report(args) -> None:
+    """Tables of every finished run: those under `--out`, plus the rows `runs.json` already
+    records from runs whose folders live on another machine (a fresh run of a point wins)."""
     out, results = Path(args.out), Path(args.results)
+    recorded = results / "runs.json"
+    earlier = json.loads(recorded.read_text()) if recorded.is_file() else []
     rows = []
     for run_dir in sorted((out / "runs").glob("*/*_s*_*")):
         if not (run_dir / "final_eval.json").is_file():
@@ -238,8 +246,10 @@ def report(args) -> None:
                 **summarize_run(run_dir),
             }
         )
+    fresh = {point_key(r) for r in rows}
+    rows = sorted([*rows, *(r for r in earlier if point_key(r) not in fresh)], key=point_key)
     results.mkdir(parents=True, exist_ok=True)
-    (results / "runs.json").write_text(json.dumps(rows, indent=1) + "\n")
+    recorded.write_text(json.dumps(rows, indent=1) + "\n")
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["corpus"], r["steps"], r["variant"]), []).append(r)
