@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+from scone_jax.cli.config_args import add_config_arguments
 from scone_jax.config import load_config
 from scone_jax.errors import UserError
 
@@ -28,10 +29,7 @@ def register(sub) -> None:
         "accelerators when it has N of them, else on N fake CPU devices (in a subprocess).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("config", help="YAML config path or preset name (experiments/<name>.yaml)")
-    p.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="config overrides, values parsed as YAML"
-    )
+    add_config_arguments(p)
     p.add_argument(
         "--devices",
         type=int,

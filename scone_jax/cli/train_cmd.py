@@ -6,6 +6,7 @@ import argparse
 import signal
 
 from scone_jax.cli import distributed_args
+from scone_jax.cli.config_args import add_config_arguments
 from scone_jax.config import load_config
 from scone_jax.runtime import distributed
 
@@ -21,10 +22,7 @@ def register(sub) -> None:
         "data order too). SIGTERM/SIGINT save a checkpoint before exiting.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("config", help="YAML config path or preset name (experiments/<name>.yaml)")
-    p.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="config overrides, values parsed as YAML"
-    )
+    add_config_arguments(p)
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument(
         "--count-params",
