@@ -20,14 +20,15 @@ def lr_schedule(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
 
 
 def decay_mask(params):
-    """Decay matrices (embeddings, projections); never biases or norm scales. The leading axis
-    of scanned blocks (model.scan_layers: `blocks` without per-layer keys) stacks layers: it is
-    not a matrix dimension, so a stacked norm scale is still a vector."""
+    """Decay matrices (embeddings, projections); never biases, norm scales or gates. Biases are
+    told by name (every bias is `b*`: bq, bo, b_in, bias; no weight is), since a per-head bias is
+    2-D. The leading axis of scanned blocks (model.scan_layers: `blocks` without per-layer keys)
+    stacks layers: it is not a matrix dimension, so a stacked norm scale is still a vector."""
 
     def decays(path, p) -> bool:
         keys = [str(getattr(k, "key", k)) for k in path]
         stacked = "blocks" in keys and not keys[keys.index("blocks") + 1].isdigit()
-        return p.ndim - stacked >= 2
+        return p.ndim - stacked >= 2 and not keys[-1].startswith("b")
 
     return jax.tree_util.tree_map_with_path(decays, params)
 

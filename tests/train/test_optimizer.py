@@ -83,3 +83,37 @@ def test_the_decay_mask_is_the_same_for_scanned_and_unrolled_layers(rng):
     assert mask["blocks"][1] == {"attn": {"wq": True, "bo": False}, "norm": False}
     stacked = decay_mask(stack_layers(unrolled))
     assert stacked == {"blocks": mask["blocks"][0], "embed_table": True}
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_the_real_models_decay_their_random_matrices_and_nothing_else(family, scan_layers):
+    """Every parameter initialized at random (a weight) decays; every constant one (a bias, a
+    norm scale or gain, the f-gram output gate) does not, whatever its rank."""
+    from flax import nnx
+
+    from scone_jax.config import load_config
+    from scone_jax.model.build import build_model_fn
+
+    cfg = load_config(
+        "tiny_scone",
+        [
+            f"model.family={family}",
+            "model.d_model=16",
+            "model.n_heads=2",
+            f"model.scan_layers={str(scan_layers).lower()}",
+            "fgrams.combine=gated",
+        ],
+    )
+    model = build_model_fn(cfg, vocab=64)(nnx.Rngs(0))
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    mask = decay_mask(params)
+    flat_params = dict(jax.tree_util.tree_leaves_with_path(params))
+    flat_mask = dict(jax.tree_util.tree_leaves_with_path(mask))
+    assert flat_params.keys() == flat_mask.keys()
+    wrong = {
+        jax.tree_util.keystr(path): flat_mask[path]
+        for path, p in flat_params.items()
+        if flat_mask[path] == bool(jnp.all(p == p.ravel()[0]))
+    }
+    assert not wrong, f"decay mask wrong for {wrong}"
