@@ -52,13 +52,17 @@ class MicrobatchForests:
             np.stack([f.outputs for f in forests]),
         )
         stats = [p["fgram_stats"] for p in parts]
+        # the whole batch's ratios: per matched position, not a mean of the microbatches' means
+        matched = np.array([(p["fgram_ids"] >= 0).sum() for p in parts], np.float64)
+        weights = matched / matched.sum() if matched.sum() else matched
         out = dict(batch)
         out["forest"] = stacked
         out["fgram_ids"] = ids
         out["fgram_stats"] = {
+            "match_rate": float(matched.sum() / ids.size),
             **{
-                k: float(np.mean([s[k] for s in stats]))
-                for k in ("match_rate", "distinct_ratio", "mean_match_length")
+                k: float(np.dot(weights, [s[k] for s in stats]))
+                for k in ("distinct_ratio", "mean_match_length")
             },
             "fgram_nodes": sum(s["fgram_nodes"] for s in stats),
             "fgram_positions": int(stacked.nodes.size),
