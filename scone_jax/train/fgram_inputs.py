@@ -47,13 +47,16 @@ def train_split_corpus(dataset: TokenizedDataset, train_ids: np.ndarray) -> Corp
         if len(train_ids)
         else np.zeros(0, np.int64)
     )
-    return Corpus.from_arrays(
+    corpus = Corpus.from_arrays(
         tokens,
         lengths,
         vocab_size=dataset.vocab_size,
         source=f"{dataset.path} (training split)",
         tokenizer_sha256=dataset.tokenizer_sha256,
     )
+    # the set's meta records it, as for a whole dataset: `fgrams dump --text` decodes with it
+    corpus.tokenizer_path = dataset.meta.get("tokenizer_path")
+    return corpus
 
 
 def load_or_build_fgram_set(
