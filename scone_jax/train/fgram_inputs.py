@@ -47,16 +47,15 @@ def train_split_corpus(dataset: TokenizedDataset, train_ids: np.ndarray) -> Corp
         if len(train_ids)
         else np.zeros(0, np.int64)
     )
-    corpus = Corpus.from_arrays(
+    return Corpus.from_arrays(
         tokens,
         lengths,
         vocab_size=dataset.vocab_size,
         source=f"{dataset.path} (training split)",
         tokenizer_sha256=dataset.tokenizer_sha256,
+        # the set's meta records it, as for a whole dataset: `fgrams dump --text` decodes with it
+        tokenizer_path=dataset.meta.get("tokenizer_path"),
     )
-    # the set's meta records it, as for a whole dataset: `fgrams dump --text` decodes with it
-    corpus.tokenizer_path = dataset.meta.get("tokenizer_path")
-    return corpus
 
 
 def load_or_build_fgram_set(
