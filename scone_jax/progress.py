@@ -75,7 +75,9 @@ class PlainProgress:
     def __enter__(self) -> PlainProgress:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:  # the stage failed: its error is the line to read, not "done"
+            self._closed = True
         self.close()
 
     def _print(self, prefix: str) -> None:

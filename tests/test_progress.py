@@ -81,3 +81,16 @@ def test_silent_when_disabled_or_when_the_caller_prints_its_own_lines(capsys):
         with bar:
             bar.update(5)
     assert capsys.readouterr().err == ""
+
+
+def test_a_stage_that_fails_prints_no_done_line(capsys):
+    """Off a terminal a failed stage leaves only its error (a bad input is one line), never a
+    `done:` line claiming it finished."""
+    bar = progress_bar("tokenize ds", unit=" docs")
+    try:
+        with bar:
+            bar.update(2)
+            raise ValueError("bad input")
+    except ValueError:
+        pass
+    assert capsys.readouterr().err == ""

@@ -142,7 +142,8 @@ def register(subparsers) -> None:
         "--tokenizer",
         default=None,
         metavar="MODEL",
-        help="sentencepiece model for --text (default: the one recorded when the set was built)",
+        help="the tokenizer for --text, a sentencepiece .model or Hugging Face tokenizer.json "
+        "(default: the one recorded when the set was built)",
     )
     d.add_argument(
         "--limit", type=int, default=None, metavar="N", help="print only the first N f-grams"

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 
+from scone_jax.cli import DefaultsHelpFormatter
 from scone_jax.cli.config_args import add_config_arguments
 from scone_jax.config import load_config
 from scone_jax.errors import UserError
@@ -27,7 +27,7 @@ def register(sub) -> None:
         "the FLOPs per step from XLA's cost analysis beside our own count, the lowering and "
         "compile times, and whether the peak fits --device-memory. Runs on the machine's own "
         "accelerators when it has N of them, else on N fake CPU devices (in a subprocess).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     add_config_arguments(p)
     p.add_argument(

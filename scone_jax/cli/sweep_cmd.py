@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import shlex
+
+from scone_jax.cli import DefaultsHelpFormatter
 
 
 def register(sub) -> None:
@@ -16,7 +17,7 @@ def register(sub) -> None:
         "and a killed point resumes from its last checkpoint when the same command is rerun. "
         "--dry-run prints every command. Then `scone-jax report OUT` gathers the results. See "
         "docs/sweeps.md.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("sweep", help="sweep YAML file or a name in experiments/sweeps/")
     p.add_argument(

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import signal
 
-from scone_jax.cli import distributed_args
+from scone_jax.cli import DefaultsHelpFormatter, distributed_args
 from scone_jax.cli.config_args import add_config_arguments
 from scone_jax.config import load_config
 from scone_jax.runtime import distributed
@@ -20,7 +19,7 @@ def register(sub) -> None:
         "model.family=llama 'data.corpus=[a.txt, b/*.txt]'. The resolved config is saved as "
         "RUN_DIR/config.yaml; rerunning the same command resumes from the latest checkpoint (the "
         "data order too). SIGTERM/SIGINT save a checkpoint before exiting.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     add_config_arguments(p)
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")

@@ -338,7 +338,7 @@ class CheckpointConfig:
 @dataclass
 class LoggingConfig:
     tensorboard: bool = True
-    progress: bool = True  # a bar on stderr if a terminal, else none (process 0 only)
+    progress: bool = True  # a bar on stderr on a terminal, else plain lines (process 0 only)
 
     def validate(self) -> None:
         pass

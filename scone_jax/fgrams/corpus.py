@@ -67,6 +67,7 @@ class Corpus:
         vocab_size: int | None = None,
         source: str = "arrays",
         tokenizer_sha256: str | None = None,
+        tokenizer_path: str | None = None,
     ) -> Corpus:
         """Validate a 1-D integer array (and optional document lengths summing to its size)."""
         tokens = np.asarray(token_ids)
@@ -120,6 +121,7 @@ class Corpus:
             source=source,
             tokens_sha256=sha,
             tokenizer_sha256=tokenizer_sha256,
+            tokenizer_path=tokenizer_path,
         )
 
     # properties ---------------------------------------------------------------------------

@@ -195,16 +195,18 @@ def _one_pass(
         return _count_partition(parts.take(q, p.partition_limit), min_count, layout.base(q))
 
     try:
-        futures = [pool.submit(job, a, min(a + p.chunk, n_tok)) for a in range(0, n_tok, p.chunk)]
-        candidates = 0
-        for fut in as_completed(futures):
-            done, cands = fut.result()
-            candidates += cands
-            bar.update(done)
-        bar.set_postfix_str("sorting")
-        results = list(pool.map(count_part, range(layout.parts)))
+        with bar:  # off a terminal, a "done" line only when the pass is done
+            futures = [
+                pool.submit(job, a, min(a + p.chunk, n_tok)) for a in range(0, n_tok, p.chunk)
+            ]
+            candidates = 0
+            for fut in as_completed(futures):
+                done, cands = fut.result()
+                candidates += cands
+                bar.update(done)
+            bar.set_postfix_str("sorting")
+            results = list(pool.map(count_part, range(layout.parts)))
     finally:
-        bar.close()
         parts.close()
     codes = layout.unmix(np.concatenate([r[0] for r in results]))
     return Level(n, codes, np.concatenate([r[1] for r in results]), candidates)

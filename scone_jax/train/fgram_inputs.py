@@ -53,6 +53,8 @@ def train_split_corpus(dataset: TokenizedDataset, train_ids: np.ndarray) -> Corp
         vocab_size=dataset.vocab_size,
         source=f"{dataset.path} (training split)",
         tokenizer_sha256=dataset.tokenizer_sha256,
+        # the set's meta records it, as for a whole dataset: `fgrams dump --text` decodes with it
+        tokenizer_path=dataset.meta.get("tokenizer_path"),
     )
 
 
