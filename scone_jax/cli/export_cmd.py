@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from scone_jax.cli import distributed_args
 from scone_jax.runtime import distributed
 
@@ -109,7 +111,8 @@ def run(args) -> int:
             )
         )
     if args.backbone_out:
-        print(f"backbone {args.backbone_out}: params.npz, config.yaml, meta.json")
+        written = sorted(f.name for f in Path(args.backbone_out).iterdir())
+        print(f"backbone {args.backbone_out}: {', '.join(written)}")
     if args.hf_out:
         print(
             f"Hugging Face checkpoint {args.hf_out}: model.safetensors, config.json, tokenizer"
@@ -120,9 +123,8 @@ def run(args) -> int:
 
 def check_outputs(args) -> None:
     """Refuse unusable output paths before the f-gram model runs: a local --out that exists but is
-    not a table (never replaced, even with --overwrite), and a --backbone-out that exists."""
-    from pathlib import Path
-
+    not a table (never replaced, even with --overwrite), and a --backbone-out or --hf-out that
+    exists, unless --overwrite."""
     from scone_jax.artifacts.table_store import META, parse_location
     from scone_jax.atomic import check_output_path
     from scone_jax.errors import UserError
