@@ -47,18 +47,22 @@ COMMON = [
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     "tiny": ("tiny", []),
     "tiny_x2": ("tiny", ["model.n_layers=4"]),
+    # about twice the non-embedding parameters by width (d 128 -> 184: 2.07x gpt2, 1.95x llama)
+    "tiny_w2": ("tiny", ["model.d_model=184"]),
     "tiny_scone": ("tiny_scone", []),
     "tiny_scone_replace": ("tiny_scone", ["fgrams.combine=replace"]),
     "tiny_scone_add": ("tiny_scone", ["fgrams.combine=add"]),
     "tiny_scone_gated": ("tiny_scone", ["fgrams.combine=gated"]),
     "tiny_scone_shuffled": ("tiny_scone", ["fgrams.permute_rows=true"]),
     "tiny_llama": ("tiny_llama", []),
+    "tiny_llama_w2": ("tiny_llama", ["model.d_model=184"]),
     "tiny_llama_scone": ("tiny_llama_scone", []),
     "tiny_llama_scone_replace": ("tiny_llama_scone", ["fgrams.combine=replace"]),
     "tiny_llama_scone_shuffled": ("tiny_llama_scone", ["fgrams.permute_rows=true"]),
 }
 for size in ("0.5x", "2x", "3x"):
     VARIANTS[f"tiny_scone_{size}"] = ("tiny_scone", [f"fgrams.model_size={size}"])
+    VARIANTS[f"tiny_llama_scone_{size}"] = ("tiny_llama_scone", [f"fgrams.model_size={size}"])
 # the presets' earlier recipe (20 warmup steps, not 100), each against its own baseline
 for name in ("tiny", "tiny_scone", "tiny_llama", "tiny_llama_scone"):
     VARIANTS[f"{name}_warmup20"] = (name, ["optim.warmup_steps=20"])
