@@ -194,7 +194,7 @@ def primitive_costs(tokens: np.ndarray) -> dict[str, float]:
     of 1M positions into the table of the bigrams seen >= MIN_COUNT times in the first 8M
     tokens (most frequent first, as counting builds it); and ns per byte to first-touch fresh
     memory (page faults), which every new array pays once."""
-    from scone_jax.fgrams.count import _sorted
+    from scone_jax.fgrams.count import _counted as _sorted
     from scone_jax.fgrams.hashindex import HashIndex
 
     def best(f, reps: int) -> float:
