@@ -34,10 +34,10 @@ def ids(keys, spill, bits, prefix, last, starts, v, out):
     """out[i] = the slot of code prefix[i] * v + last[i] in a `HashIndex` (keys, spill, bits),
     -1 where position i is no candidate (`_ok`) or the code is not in the table.
 
-    In blocks: first every candidate's home slot, then the key and spill flag there, with no
-    branch on what was loaded, so that the cache misses of a block overlap; then the
-    comparisons. (One loop that branches on each loaded key waits for each miss in turn,
-    as a mispredicted branch discards the loads issued after it.)"""
+    In blocks: first every candidate's home slot, then the key there, with no branch on
+    what was loaded, so that the cache misses of a block overlap; then the comparisons, the
+    spill flag read only on a miss. (One loop that branches on each loaded key waits for
+    each miss in turn, as a mispredicted branch discards the loads issued after it.)"""
     shift = np.uint64(64 - bits)
     mask = np.int64((1 << bits) - 1)
     block = 256
@@ -45,13 +45,12 @@ def ids(keys, spill, bits, prefix, last, starts, v, out):
     slots = np.empty(block, np.int64)
     at = np.empty(block, np.int64)
     found = np.empty(block, np.uint64)
-    spilled = np.empty(block, np.bool_)
     _fill(out, -1)
     for a in range(0, len(out), block):
         b = min(a + block, len(out))
         m = _home_slots(prefix, last, starts, v, shift, a, b, qs, slots, at)
-        _load(keys, spill, slots, m, found, spilled)
-        _resolve(keys, mask, qs, slots, at, found, spilled, m, out)
+        _load(keys, slots, m, found)
+        _resolve(keys, spill, mask, qs, slots, at, found, m, out)
 
 
 # Each loop is a function of its own, and none stores into an array of the dtype it reads
@@ -79,19 +78,18 @@ def _home_slots(prefix, last, starts, v, shift, a, b, qs, slots, at):
 
 
 @_jit
-def _load(keys, spill, slots, m, found, spilled):
+def _load(keys, slots, m, found):
     for j in range(m):
         found[j] = keys[slots[j]]
-        spilled[j] = spill[slots[j]]
 
 
 @_jit
-def _resolve(keys, mask, qs, slots, at, found, spilled, m, out):
+def _resolve(keys, spill, mask, qs, slots, at, found, m, out):
     for j in range(m):
         q, s = qs[j], slots[j]
         hit = found[j] == q
         out[at[j]] = s if hit else -1
-        if not hit and spilled[j]:  # a key whose home is s lives further on: probe on
+        if not hit and spill[s]:  # a key whose home is s lives further on: probe on
             k = found[j]
             while k != EMPTY:
                 s = (s + 1) & mask
