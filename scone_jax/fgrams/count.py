@@ -11,13 +11,14 @@ at position i is then a candidate only if both its (n-1)-prefix (`ids[i]`) and i
 cross a document boundary: bigrams are masked at document starts and longer n-grams inherit
 that from their prefix and suffix.
 
-Each pass reads the corpus in chunks on a thread pool (numpy releases the GIL), turns
-positions into candidate codes and partitions them (by the top bits of a bijective mix of the
-code, so partitions are balanced and store uint32 keys when that suffices); each partition is
-then sorted and run-length counted on its own. Where the per-position ids and the partitions live
-(RAM or temporary files) is chosen from the memory budget (`outofcore.plan`); the arithmetic
-is the same, so the output is identical. The Beam backend runs the same arithmetic per shard
-(`shard_candidates`, `partial_counts`) and merges the shards' partitions (`merge_partials`).
+Each pass reads the corpus in chunks on a thread pool; compiled loops (`kernels.py`, no GIL)
+turn a chunk's positions into candidate codes and write them by partition (the top bits of a
+bijective mix of the code, so partitions are balanced and store uint32 keys when that
+suffices); each partition is then sorted (`np.sort`) and run-length counted on its own.
+Where the per-position ids and the partitions live (RAM or temporary files) is chosen from
+the memory budget (`outofcore.plan`); the arithmetic is the same, so the output is identical.
+The Beam backend runs the same arithmetic per shard (`shard_candidates`, `partial_counts`)
+and merges the shards' partitions (`merge_partials`).
 """
 
 from __future__ import annotations
