@@ -147,24 +147,23 @@ def _part(h, shift):
 
 
 @_jit
-def runs(k, weights, min_count, counts):
-    """Run-length count sorted keys in place: the distinct keys of `k` whose count (their
-    number, or the sum of their `weights` when weights are given) is >= min_count move to
-    the front of k, their counts to `counts`. Returns how many."""
+def runs(k, weights, min_count, out_keys, counts):
+    """Run-length count sorted keys: the distinct keys of `k` whose count (their number, or
+    the sum of their `weights` when weights are given) is >= min_count go to out_keys, their
+    counts to `counts`. Returns how many. Branch-free: every run end is written, and kept
+    by advancing the output index."""
     n = len(k)
+    if n == 0:
+        return 0
     weighted = len(weights) > 0
     m = 0
-    i = 0
-    while i < n:
-        key = k[i]
-        c = weights[i] if weighted else 1
-        j = i + 1
-        while j < n and k[j] == key:
-            c += weights[j] if weighted else 1
-            j += 1
-        if c >= min_count:
-            k[m] = key
-            counts[m] = c
-            m += 1
-        i = j
-    return m
+    c = weights[0] if weighted else 1
+    for i in range(1, n):
+        end = k[i] != k[i - 1]
+        out_keys[m] = k[i - 1]
+        counts[m] = c
+        m += end & (c >= min_count)
+        c = (0 if end else c) + (weights[i] if weighted else 1)
+    out_keys[m] = k[n - 1]
+    counts[m] = c
+    return m + (c >= min_count)

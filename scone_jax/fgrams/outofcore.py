@@ -30,8 +30,9 @@ MIN_SURVIVOR_BYTES = 64 << 20
 # open partition files at once; beyond this, partitions are counted in pieces and merged
 MAX_PARTITIONS = 256
 # Bytes per key while one partition is counted (count._counted, uint64 keys): the keys,
-# sorted in place, their counts, and the distinct keys and counts copied out.
-SORT_BYTES_PER_KEY = 32
+# sorted in place, the run-length output (a key and an int64 count per key, at most), and
+# the distinct keys and counts copied out of it.
+SORT_BYTES_PER_KEY = 40
 # Partitions of about this many keys count fastest: their sorts stay in cache, and
 # there are few enough that the per-partition Python work stays small. On disk, where every
 # chunk writes a piece to each partition's file, they are 4x bigger (fewer, larger writes).
