@@ -128,12 +128,12 @@ class CountShard(beam.DoFn):
             check_codes_fit(indexes[-1], radix, n)
         bound = (radix if n == 2 else indexes[-1].capacity) * radix
         layout = Layout.for_pass(bound, self.partitions, MAX_PARTITIONS)
-        codes = shard_candidates(tokens, starts, n, radix, indexes)
+        cands, sizes = shard_candidates(tokens, starts, n, radix, indexes, layout)
         sent = 0
-        for q, keys, counts in partial_counts(codes, layout):
+        for q, keys, counts in partial_counts(cands, sizes):
             sent += keys.nbytes + counts.nbytes
             yield q, (layout, keys, counts)
-        yield beam.pvalue.TaggedOutput(_STATS, (f"candidates\t{n}", len(codes)))
+        yield beam.pvalue.TaggedOutput(_STATS, (f"candidates\t{n}", len(cands)))
         yield beam.pvalue.TaggedOutput(_STATS, (f"shuffle_bytes\t{n}", sent))
         yield beam.pvalue.TaggedOutput(_STATS, (f"worker_tokens\t{worker_name()}", len(tokens)))
 

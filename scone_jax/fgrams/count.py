@@ -11,13 +11,14 @@ at position i is then a candidate only if both its (n-1)-prefix (`ids[i]`) and i
 cross a document boundary: bigrams are masked at document starts and longer n-grams inherit
 that from their prefix and suffix.
 
-Each pass reads the corpus in chunks on a thread pool (numpy releases the GIL), turns
-positions into candidate codes and partitions them (by the top bits of a bijective mix of the
-code, so partitions are balanced and store uint32 keys when that suffices); each partition is
-then sorted and run-length counted on its own. Where the per-position ids and the partitions live
-(RAM or temporary files) is chosen from the memory budget (`outofcore.plan`); the arithmetic
-is the same, so the output is identical. The Beam backend runs the same arithmetic per shard
-(`shard_candidates`, `partial_counts`) and merges the shards' partitions (`merge_partials`).
+Each pass reads the corpus in chunks on a thread pool; compiled loops (`kernels.py`, no GIL)
+turn a chunk's positions into candidate codes and write them by partition (the top bits of a
+bijective mix of the code, so partitions are balanced and store uint32 keys when that
+suffices); each partition is then sorted (`np.sort`) and run-length counted on its own.
+Where the per-position ids and the partitions live (RAM or temporary files) is chosen from
+the memory budget (`outofcore.plan`); the arithmetic is the same, so the output is identical.
+The Beam backend runs the same arithmetic per shard (`shard_candidates`, `partial_counts`)
+and merges the shards' partitions (`merge_partials`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scone_jax.errors import UserError
-from scone_jax.fgrams import outofcore
+from scone_jax.fgrams import kernels, outofcore
 from scone_jax.fgrams.corpus import Corpus
 from scone_jax.fgrams.hashindex import HashIndex
 from scone_jax.progress import progress_bar
@@ -258,87 +259,61 @@ class _PassJob:
     def __call__(self, a: int, b: int) -> tuple[int, int]:
         n, L, v = self.n, b - a, _U64(self.radix)
         width = L + self.max_n + 2
-        t = self.corpus.read(a, a + width)  # uint16/32 ids, widened inside the arithmetic
+        t = self.corpus.read(a, a + width)  # uint16/32 ids, widened inside the kernels
         if len(t) < width:  # the corpus ends: pad (those positions are masked)
             t = np.concatenate([t, np.zeros(width - len(t), t.dtype)])
         if n == 2:
-            ok = ~self.corpus.starts(a + 1, a + L + 1)
-            codes = _pack(t[:L], v, t[1 : L + 1], ok)
+            keys, sizes = self.layout.scatter(t, t[1:], self.corpus.starts(a + 1, a + L + 1), v, L)
         else:
-            if n == 3:  # ids of the bigrams at a .. b (one past the chunk, for suffixes)
-                ok = ~self.corpus.starts(a + 1, a + L + 2)
-                ids = _ids(self.index, t[: L + 1], v, t[1 : L + 2], ok)
+            ids = np.empty(L + 1, np.int32)  # of the (n-1)-grams at a .. b (b: for suffixes)
+            if n == 3:
+                _ids(self.index, t, t[1:], self.corpus.starts(a + 1, a + L + 2), v, ids)
             else:
-                prev = self.ids_in.read(a, a + L + 2)
-                ok = _both_survived(prev)
-                ids = _ids(self.index, prev[: L + 1], v, t[n - 2 : n - 1 + L], ok)
+                _ids(self.index, self.ids_in.read(a, a + L + 2), t[n - 2 :], _NOT_CHECKED, v, ids)
             if self.ids_out is not None:
                 self.ids_out.write(a, ids[:L])
-            ok = _both_survived(ids)
-            codes = _pack(ids[:L], v, t[n - 1 : n - 1 + L], ok)
-        self._scatter(codes)
-        return L, len(codes)
+            keys, sizes = self.layout.scatter(ids, t[n - 1 :], _NOT_CHECKED, v, L)
+        bounds = np.cumsum(sizes)
+        for q in np.flatnonzero(sizes):
+            self.parts.add(int(q), keys[bounds[q] - sizes[q] : bounds[q]])
+        return L, int(bounds[-1])
 
-    def _scatter(self, codes: np.ndarray) -> None:
-        for q, piece in enumerate(self.layout.split(codes)):
-            self.parts.add(q, piece)
+
+# no document starts to check: longer n-grams inherit them from their prefix and suffix ids
+_NOT_CHECKED = None
+_NO_WEIGHTS = np.zeros(0, np.int64)  # each key counts 1
 
 
 def shard_candidates(
-    t: np.ndarray, starts: np.ndarray, n: int, radix: int, indexes: list[HashIndex]
-) -> np.ndarray:
+    t: np.ndarray, starts: np.ndarray, n: int, radix: int, indexes: list[HashIndex], layout
+) -> tuple[np.ndarray, np.ndarray]:
     """The candidate codes of length n in a token array of whole documents (`starts[i]`: a
-    document begins at i), pruned by the tables of the survivors of lengths 2..n-1 (`indexes`).
+    document begins at i), pruned by the tables of the survivors of lengths 2..n-1 (`indexes`):
+    their stored keys grouped by partition of `layout`, and each partition's size.
 
     A pass's arithmetic on one piece of corpus with nothing kept from earlier passes (a Beam
     worker's shard): the per-position ids of each shorter length are recomputed from the
     bigrams up, where the local passes read the previous length's ids back.
     """
     v, size = _U64(radix), len(t)
-    t = np.concatenate([t, np.zeros(n, t.dtype)])  # padding; those positions are masked
-    ok = np.zeros(size, bool)
-    ok[: size - 1] = ~starts[1:]
+    t = np.concatenate([t, np.zeros(n + 1, t.dtype)])  # padding; those positions are masked
+    blocked = np.ones(size, bool)  # a document starts at i + 1, or i + 1 is past the end
+    blocked[: size - 1] = starts[1:]
     if n == 2:
-        return _pack(t[:size], v, t[1 : size + 1], ok)
-    ids = np.full(size + 1, -1, np.int32)
-    ids[:size] = _ids(indexes[0], t[:size], v, t[1 : size + 1], ok)
+        return layout.scatter(t, t[1:], blocked, v, size)
+    ids, nxt = np.empty(size + 1, np.int32), np.empty(size + 1, np.int32)
+    ids[size] = nxt[size] = -1  # no suffix past the end
+    _ids(indexes[0], t, t[1:], blocked, v, ids[:size])
     for m in range(3, n):
-        ok = _both_survived(ids)
-        ids[:size] = _ids(indexes[m - 2], ids[:size], v, t[m - 1 : m - 1 + size], ok)
-    return _pack(ids[:size], v, t[n - 1 : n - 1 + size], _both_survived(ids))
+        _ids(indexes[m - 2], ids, t[m - 1 :], _NOT_CHECKED, v, nxt[:size])
+        ids, nxt = nxt, ids
+    return layout.scatter(ids, t[n - 1 :], _NOT_CHECKED, v, size)
 
 
-def _ids(index: HashIndex, prefix, v: np.uint64, last, ok: np.ndarray) -> np.ndarray:
-    """Per position, the id (table slot) of the n-gram coded prefix * v + last, -1 where not ok
-    or not a survivor."""
-    ids = np.full(len(ok), -1, np.int32)
-    ids[ok] = index.slots(_pack(prefix, v, last, ok))
-    return ids
-
-
-def _both_survived(ids: np.ndarray) -> np.ndarray:
-    """ids[i] >= 0 and ids[i + 1] >= 0 (int32 ids, -1 = pruned): one OR of the sign bits."""
-    return (ids[:-1] | ids[1:]) >= 0
-
-
-def _pack(prefix: np.ndarray, v: np.uint64, last: np.ndarray, ok: np.ndarray) -> np.ndarray:
-    """The codes prefix[i] * v + last[i] (uint64) where ok[i].
-
-    Where most positions are kept (bigrams; trigrams, as most bigrams survive), the codes
-    are computed everywhere and selected by the mask. Otherwise the kept positions are
-    gathered first: boolean selection of a scattered 30-80% costs a branch misprediction
-    every few elements, `flatnonzero` + `take` does not.
-    """
-    if np.count_nonzero(ok) > 0.9 * len(ok):
-        codes = prefix.astype(np.uint64)
-        codes *= v
-        codes += last
-        return codes[ok]
-    keep = np.flatnonzero(ok)
-    codes = prefix.take(keep).astype(np.uint64, copy=False)
-    codes *= v
-    codes += last.take(keep)
-    return codes
+def _ids(index: HashIndex, prefix, last, starts, v: np.uint64, out: np.ndarray) -> None:
+    """out[i] = the id (table slot) of the n-gram coded prefix[i] * v + last[i], -1 where a
+    document starts at i + 1, prefix[i] or prefix[i + 1] is -1, or it did not survive."""
+    kernels.ids(index.keys, index.spill, index.bits, prefix, last, starts, v, out)
 
 
 @dataclass(frozen=True)
@@ -369,17 +344,14 @@ class Layout:
             return cls(bits, min(bits, want), np.uint64)
         return cls(bits, part_bits, np.uint32)
 
-    def split(self, codes: np.ndarray) -> list[np.ndarray]:
-        """The stored keys of each partition, in partition order (codes: uint64)."""
-        h = self.mix(codes)
-        keys = h.astype(self.dtype)  # uint32: the low half, the rest is the partition's
-        if self.parts == 1:
-            return [keys]
-        h >>= _U64(self.shift)
-        part = h.astype(np.uint8 if self.parts <= 256 else np.uint16)
-        order = np.argsort(part, kind="stable")  # a radix sort on 8- or 16-bit keys
-        bounds = np.cumsum(np.bincount(part, minlength=self.parts))[:-1]
-        return np.split(keys.take(order), bounds)
+    def scatter(self, prefix, last, starts, v: np.uint64, size: int):
+        """(stored keys grouped by partition, int64 size of each partition) of the candidate
+        codes prefix[i] * v + last[i] of positions 0..size-1 (`kernels.scatter`)."""
+        keys = np.empty(size + 1, self.dtype)  # + 1: where the kernel writes non-candidates
+        sizes = np.zeros(self.parts, np.int64)
+        hmask = _U64((1 << self.bits) - 1)
+        total = kernels.scatter(prefix, last, starts, v, hmask, _U64(self.shift), keys, sizes)
+        return keys[:total], sizes
 
     @property
     def parts(self) -> int:
@@ -393,48 +365,11 @@ class Layout:
         """What partition q adds to its stored keys to make their h."""
         return (q << self.shift) >> 32 << 32 if self.dtype is np.uint32 else 0
 
-    def mix(self, codes: np.ndarray) -> np.ndarray:
-        h = codes * _U64(_MIX)
-        if self.bits < 64:
-            h &= _U64((1 << self.bits) - 1)
-        return h
-
     def unmix(self, h: np.ndarray) -> np.ndarray:
         codes = h * _U64(_UNMIX)
         if self.bits < 64:
             codes &= _U64((1 << self.bits) - 1)
         return codes
-
-
-def _sorted(k: np.ndarray) -> np.ndarray:
-    """k in ascending order (k itself may be reused).
-
-    uint32 keys: an LSD radix sort, two stable argsorts of 16-bit halves, which numpy does as
-    O(n) radix passes (skipping byte columns that are constant in the partition). On the
-    benchmark's partitions that is ~10 ns/key against ~20 for `np.sort`. Peak memory: ~26
-    bytes per key with k (`outofcore.SORT_BYTES_PER_KEY`).
-    """
-    if k.dtype != np.uint32:
-        k.sort()
-        return k
-    k = k.take(np.argsort(k.astype(np.uint16), kind="stable"))
-    return k.take(np.argsort((k >> np.uint32(16)).astype(np.uint16), kind="stable"))
-
-
-def _runs(k: np.ndarray, min_count: int) -> tuple[np.ndarray, np.ndarray]:
-    """(distinct keys, counts) of a sorted array, keeping runs of length >= min_count."""
-    n = len(k)
-    if n < min_count or n == 0:
-        return k[:0], np.zeros(0, np.int64)
-    first = np.empty(n, bool)
-    first[0] = True
-    np.not_equal(k[1:], k[:-1], out=first[1:])
-    if min_count > 1:  # a run starting at j is long enough iff k[j] == k[j + min_count - 1]
-        first[n - min_count + 1 :] = False
-        first[: n - min_count + 1] &= k[min_count - 1 :] == k[: n - min_count + 1]
-    starts = np.flatnonzero(first)
-    ends = np.searchsorted(k, k[starts], side="right")
-    return k[starts], (ends - starts).astype(np.int64)
 
 
 def _count_partition(pieces, min_count: int, base: int) -> tuple[np.ndarray, np.ndarray]:
@@ -450,51 +385,51 @@ def _count_pieces(pieces, min_count: int) -> tuple[np.ndarray, np.ndarray]:
     if k is None:
         return np.zeros(0, np.uint32), np.zeros(0, np.int64)
     nxt = next(it, None)
-    k = _sorted(k)
     if nxt is None:
-        return _runs(k, min_count)
-    keys, counts = _runs(k, 1)
+        return _counted(k, min_count)
+    keys, counts = _counted(k, 1)
     del k
     while nxt is not None:
-        pk, pc = _runs(_sorted(nxt), 1)
+        pk, pc = _counted(nxt, 1)
         keys, counts = merge_counts([keys, pk], [counts, pc])
         nxt = next(it, None)
     keep = counts >= min_count
     return keys[keep], counts[keep]
 
 
-def merge_counts(keys: list[np.ndarray], counts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def _counted(k: np.ndarray, min_count: int, weights: np.ndarray = _NO_WEIGHTS):
+    """(distinct keys ascending, int64 counts >= min_count) of the keys k, which are sorted in
+    place; with `weights`, k comes sorted and each key counts its weight. numpy's
+    sort is a vectorised quicksort (AVX-512 / AVX2 where the CPU has them): ~2 ns/key on the
+    benchmark's partitions, where the radix sort it replaces took ~8."""
+    if not len(weights):
+        k.sort()
+    keys, counts = np.empty(len(k), k.dtype), np.empty(len(k), np.int64)
+    m = kernels.runs(k, weights, min_count, keys, counts)
+    return keys[:m].copy(), counts[:m].copy()
+
+
+def merge_counts(
+    keys: list[np.ndarray], counts: list[np.ndarray], min_count: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
     """Several (distinct keys, counts) pairs summed into one: (distinct keys ascending, int64
-    counts)."""
+    counts), those below `min_count` left out."""
     allk, allc = np.concatenate(keys), np.concatenate(counts).astype(np.int64, copy=False)
-    if not len(allk):
-        return allk, allc
-    order = _sort_order(allk)
-    allk, allc = allk.take(order), allc.take(order)
-    first = np.flatnonzero(np.concatenate([[True], allk[1:] != allk[:-1]]))
-    return allk[first], np.add.reduceat(allc, first)
-
-
-def _sort_order(k: np.ndarray) -> np.ndarray:
-    """A stable sorting permutation of k; uint32 keys by the radix method of `_sorted`."""
-    if k.dtype != np.uint32:
-        return np.argsort(k, kind="stable")
-    order = np.argsort(k.astype(np.uint16), kind="stable")
-    return order.take(np.argsort((k.take(order) >> np.uint32(16)).astype(np.uint16), kind="stable"))
+    order = np.argsort(allk)
+    return _counted(allk.take(order), min_count, allc.take(order))
 
 
 # -- the same kernels for a distributed shuffle (Beam): a shard's partial counts, merged --------
 
 
-def partial_counts(codes: np.ndarray, layout: Layout) -> list[tuple[int, np.ndarray, np.ndarray]]:
+def partial_counts(keys: np.ndarray, sizes: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
     """(partition, distinct stored keys, their counts) for each non-empty partition of a shard's
-    candidate codes; the counts in the narrowest unsigned dtype that holds them, as they cross
-    the shuffle."""
-    out = []
-    for q, piece in enumerate(layout.split(codes)):
-        if len(piece):
-            keys, counts = _runs(_sorted(piece), 1)
-            out.append((q, keys, counts.astype(np.min_scalar_type(int(counts.max())))))
+    candidates (`shard_candidates`); the counts in the narrowest unsigned dtype that holds
+    them, as they cross the shuffle."""
+    out, bounds = [], np.cumsum(sizes)
+    for q in np.flatnonzero(sizes):
+        k, c = _counted(keys[bounds[q] - sizes[q] : bounds[q]], 1)
+        out.append((int(q), k, c.astype(np.min_scalar_type(int(c.max())))))
     return out
 
 
@@ -503,6 +438,5 @@ def merge_partials(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Partition q's partial counts from every shard summed and cut at `min_count`: the codes
     of its survivors, in the order of `Level.codes`, and their counts."""
-    k, c = merge_counts(keys, counts)
-    keep = c >= min_count
-    return layout.unmix(k[keep].astype(np.uint64) + _U64(layout.base(q))), c[keep]
+    k, c = merge_counts(keys, counts, min_count)
+    return layout.unmix(k.astype(np.uint64) + _U64(layout.base(q))), c

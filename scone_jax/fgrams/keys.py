@@ -61,10 +61,10 @@ def fgram_keys(tokens: np.ndarray, lengths: np.ndarray, seed: int = 0) -> np.nda
     tokens = np.asarray(tokens)
     lengths = np.asarray(lengths, dtype=np.int64)
     h = _start(lengths, seed)
+    shortest = int(lengths.min()) if len(lengths) else 0
     for j in range(tokens.shape[1] if tokens.ndim == 2 else 0):
-        active = lengths > j
         nxt = fmix64(h ^ tokens[:, j].astype(np.int64).astype(np.uint64))
-        h = np.where(active, nxt, h)
+        h = nxt if j < shortest else np.where(lengths > j, nxt, h)  # every row is this long
     return h
 
 

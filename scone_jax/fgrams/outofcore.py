@@ -29,13 +29,14 @@ MIN_CHUNK, MAX_CHUNK = 1 << 12, 1 << 20
 MIN_SURVIVOR_BYTES = 64 << 20
 # open partition files at once; beyond this, partitions are counted in pieces and merged
 MAX_PARTITIONS = 256
-# Bytes per key while one partition is counted: the keys, the radix sort's permuted copy,
-# its 64-bit permutation and numpy's scratch for it (count._sorted), with some margin.
-SORT_BYTES_PER_KEY = 28
-# Partitions of about this many keys count fastest: their radix passes stay in cache, and
+# Bytes per key while one partition is counted (count._counted, uint64 keys): the keys,
+# sorted in place, the run-length output (a key and an int64 count per key, at most), and
+# the distinct keys and counts copied out of it.
+SORT_BYTES_PER_KEY = 40
+# Partitions of about this many keys count fastest: their sorts stay in cache, and
 # there are few enough that the per-partition Python work stays small. On disk, where every
 # chunk writes a piece to each partition's file, they are 4x bigger (fewer, larger writes).
-SORT_KEYS = 1 << 17
+PARTITION_KEYS = 1 << 17
 
 
 def parse_size(text: str | int) -> int:
@@ -83,11 +84,13 @@ def plan(num_tokens: int, budget: int, workers: int, force_disk: bool = False) -
     chunk = int(np.clip(budget // (4 * workers * CHUNK_BYTES_PER_TOKEN), MIN_CHUNK, MAX_CHUNK))
     in_ram = RAM_BYTES_PER_TOKEN * num_tokens + workers * chunk * CHUNK_BYTES_PER_TOKEN
     if not force_disk and in_ram <= budget * 0.6:
-        parts = _pow2(max(2 * workers, num_tokens // SORT_KEYS))
+        parts = _pow2(max(2 * workers, num_tokens // PARTITION_KEYS))
         return Plan("memory", workers, chunk, min(parts, MAX_PARTITIONS), budget)
     # each partition's keys plus sort scratch must fit a quarter of the budget per worker
     per_partition = max(1, budget // (4 * workers * SORT_BYTES_PER_KEY))
-    parts = _pow2(max(2 * workers, -(-num_tokens // per_partition), num_tokens // (4 * SORT_KEYS)))
+    parts = _pow2(
+        max(2 * workers, -(-num_tokens // per_partition), num_tokens // (4 * PARTITION_KEYS))
+    )
     return Plan("disk", workers, chunk, min(parts, MAX_PARTITIONS), budget)
 
 
@@ -110,6 +113,9 @@ class MemoryIds:
         self.arr[a : a + len(ids)] = ids
 
     def read(self, a: int, b: int) -> np.ndarray:
+        """ids[a:b], -1 past the end (a view where it is all inside: callers only read it)."""
+        if b <= len(self.arr):
+            return self.arr[a:b]
         out = np.full(b - a, -1, self.arr.dtype)
         part = self.arr[a:b]
         out[: len(part)] = part

@@ -88,7 +88,7 @@ class FgramSet:
             raise ValueError(f"tokens must be [{s}, {max_n}], got {tokens.shape}")
         for seed in range(MAX_SEEDS):
             keys = keymod.fgram_keys(tokens, lengths, seed)
-            order = np.argsort(keys, kind="stable")
+            order = np.argsort(keys)  # unique keys (else re-seeded): any sort gives one order
             sorted_keys = keys[order]
             dup = np.flatnonzero(sorted_keys[1:] == sorted_keys[:-1])
             if not dup.size:

@@ -201,9 +201,9 @@ def test_shards_partial_counts_merged_equal_the_local_levels(rng, vocab_size):
         layout = count_mod.Layout.for_pass(bound, 1 << int(rng.integers(0, 7)), 1 << 12)
         pieces, candidates = {}, 0
         for tokens, starts in shards:
-            codes = count_mod.shard_candidates(tokens, starts, n, radix, indexes)
-            candidates += len(codes)
-            for q, keys, counts in count_mod.partial_counts(codes, layout):
+            cands, sizes = count_mod.shard_candidates(tokens, starts, n, radix, indexes, layout)
+            candidates += len(cands)
+            for q, keys, counts in count_mod.partial_counts(cands, sizes):
                 pieces.setdefault(q, []).append((keys, counts))
         merged = [
             count_mod.merge_partials([p[0] for p in ps], [p[1] for p in ps], m, layout, q)
