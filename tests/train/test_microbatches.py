@@ -26,10 +26,14 @@ def run(dataset, run_dir, steps=STEPS, **extra):
     return losses(run_dir), jax.device_get(load_run_params(run_dir).params)
 
 
-def assert_params_close(a, b, rtol, atol):
+def assert_params_close(a, b, rtol, atol, stray=0.0, stray_atol=0.0):
+    """Every element within rtol/atol, except at most a fraction `stray` of each leaf, which
+    must still be within `stray_atol`."""
     assert jax.tree.structure(a) == jax.tree.structure(b)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_allclose(x, y, rtol=rtol, atol=atol)
+        far = ~np.isclose(x, y, rtol=rtol, atol=atol)
+        assert far.mean() <= stray, f"{far.sum()} of {far.size} elements differ"
+        np.testing.assert_allclose(x, y, rtol=0, atol=max(atol, stray_atol) + rtol * abs(y).max())
 
 
 @pytest.mark.parametrize("scone, microbatches", [(False, 4), (True, 2)])
@@ -48,8 +52,11 @@ def test_microbatches_give_the_whole_batchs_losses_and_parameters(
         rtol=1e-5,
     )  # the same rows, in the same order, at every step
     # atol: parameters whose gradient is zero up to rounding (the attention key bias) take Adam
-    # steps of that rounding, a few 1e-6; every other parameter agrees to 1e-4 of itself
-    assert_params_close(micro, whole, rtol=1e-4, atol=2e-5)
+    # steps of that rounding, a few 1e-6; every other parameter agrees to 1e-4 of itself, but for
+    # rare elements whose gradient is a sum that nearly cancels (a position embedding's, seen
+    # 2.8e-5 off at seed 949164869): Adam divides it by its own small scale, so summing it in
+    # another order moves them by up to a few % of one step (lr 5.5e-3)
+    assert_params_close(micro, whole, rtol=1e-4, atol=2e-5, stray=1e-3, stray_atol=3e-4)
     if scone:  # the f-gram model trained through the microbatches' forests
         resumed = tmp_path / "resumed"
         shutil.copytree(tmp_path / "micro", resumed)
