@@ -63,6 +63,9 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
 for size in ("0.5x", "2x", "3x"):
     VARIANTS[f"tiny_scone_{size}"] = ("tiny_scone", [f"fgrams.model_size={size}"])
     VARIANTS[f"tiny_llama_scone_{size}"] = ("tiny_llama_scone", [f"fgrams.model_size={size}"])
+# an f-gram model about twice the 1x one's parameters by width instead of depth (projections in
+# and out of the backbone's d 128)
+VARIANTS["tiny_llama_scone_w2"] = ("tiny_llama_scone", ["fgrams.d_model=184", "fgrams.n_heads=4"])
 # the presets' earlier recipe (20 warmup steps, not 100), each against its own baseline
 for name in ("tiny", "tiny_scone", "tiny_llama", "tiny_llama_scone"):
     VARIANTS[f"{name}_warmup20"] = (name, ["optim.warmup_steps=20"])
