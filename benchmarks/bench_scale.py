@@ -132,7 +132,7 @@ def run(quick: bool = False) -> str:
         f"bench_fgrams' Zipf-like corpus (vocab {VOCAB:,}) written as tokenized datasets of "
         f"{', '.join(f'{n / 1e6:.0f}M' for n in sizes)} tokens (each a prefix of the next); "
         f"K = {K}, min count {MIN_COUNT} (at 5, the 1B corpus's survivors outgrow half the budget "
-        "before pass 5, 2,226 MiB, and the count stops asking for a higher min count; the cutoff "
+        "before pass 5 and the count stops asking for a higher min count; the cutoff "
         f"column shows that S = {S:,} never reaches down to either), {WORKERS} workers, "
         "memory budget "
         f"{gib(BUDGET)}, counting forced onto its out-of-core path at every size (left to "

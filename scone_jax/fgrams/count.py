@@ -36,9 +36,8 @@ from scone_jax.fgrams.hashindex import HashIndex
 from scone_jax.progress import progress_bar
 
 _U64 = np.uint64
-# odd, so h = code * _MIX mod 2**b is a bijection of [0, 2**b); _UNMIX undoes it
-_MIX = 0x9E3779B97F4A7C15
-_UNMIX = pow(_MIX, -1, 2**64)
+# kernels.MIX is odd, so h = code * MIX mod 2**b is a bijection of [0, 2**b); _UNMIX undoes it
+_UNMIX = pow(int(kernels.MIX), -1, 2**64)
 
 
 @dataclass
@@ -273,10 +272,9 @@ class _PassJob:
             if self.ids_out is not None:
                 self.ids_out.write(a, ids[:L])
             keys, sizes = self.layout.scatter(ids, t[n - 1 :], _NOT_CHECKED, v, L)
-        bounds = np.cumsum(sizes)
-        for q in np.flatnonzero(sizes):
-            self.parts.add(int(q), keys[bounds[q] - sizes[q] : bounds[q]])
-        return L, int(bounds[-1])
+        for q, piece in partition_pieces(keys, sizes):
+            self.parts.add(q, piece)
+        return L, len(keys)
 
 
 # no document starts to check: longer n-grams inherit them from their prefix and suffix ids
@@ -310,6 +308,14 @@ def shard_candidates(
     return layout.scatter(ids, t[n - 1 :], _NOT_CHECKED, v, size)
 
 
+def partition_pieces(keys: np.ndarray, sizes: np.ndarray):
+    """(partition, its keys) for each non-empty partition of keys grouped by partition
+    (`Layout.scatter`)."""
+    ends = np.cumsum(sizes)
+    for q in np.flatnonzero(sizes):
+        yield int(q), keys[ends[q] - sizes[q] : ends[q]]
+
+
 def _ids(index: HashIndex, prefix, last, starts, v: np.uint64, out: np.ndarray) -> None:
     """out[i] = the id (table slot) of the n-gram coded prefix[i] * v + last[i], -1 where a
     document starts at i + 1, prefix[i] or prefix[i + 1] is -1, or it did not survive."""
@@ -320,7 +326,7 @@ def _ids(index: HashIndex, prefix, last, starts, v: np.uint64, out: np.ndarray) 
 class Layout:
     """How one pass's codes (below 2**bits) are split into partitions.
 
-    Codes are mixed by a bijection, h = code * _MIX mod 2**bits, and partition q holds the
+    Codes are mixed by a bijection, h = code * kernels.MIX mod 2**bits, and partition q holds the
     h whose top `part_bits` bits are q: balanced like a hash partition, yet the partitions'
     sorted outputs, taken in order, are all h sorted, whatever the number of partitions.
     When the bits below the partition's fit in 32, only the low 32 bits of h are stored: half
@@ -426,10 +432,10 @@ def partial_counts(keys: np.ndarray, sizes: np.ndarray) -> list[tuple[int, np.nd
     """(partition, distinct stored keys, their counts) for each non-empty partition of a shard's
     candidates (`shard_candidates`); the counts in the narrowest unsigned dtype that holds
     them, as they cross the shuffle."""
-    out, bounds = [], np.cumsum(sizes)
-    for q in np.flatnonzero(sizes):
-        k, c = _counted(keys[bounds[q] - sizes[q] : bounds[q]], 1)
-        out.append((int(q), k, c.astype(np.min_scalar_type(int(c.max())))))
+    out = []
+    for q, piece in partition_pieces(keys, sizes):
+        k, c = _counted(piece, 1)
+        out.append((q, k, c.astype(np.min_scalar_type(int(c.max())))))
     return out
 
 
