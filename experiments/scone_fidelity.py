@@ -56,19 +56,45 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "tiny_scone_shuffled": ("tiny_scone", ["fgrams.permute_rows=true"]),
     "tiny_llama": ("tiny_llama", []),
     "tiny_llama_w2": ("tiny_llama", ["model.d_model=184"]),
-    "tiny_llama_scone": ("tiny_llama_scone", []),
-    "tiny_llama_scone_replace": ("tiny_llama_scone", ["fgrams.combine=replace"]),
+    "tiny_llama_scone": ("tiny_llama_scone", []),  # a 0.5x f-gram model
     "tiny_llama_scone_shuffled": ("tiny_llama_scone", ["fgrams.permute_rows=true"]),
+    # the llama preset's earlier 1x f-gram model, and the rules and control measured with it
+    "tiny_llama_scone_1x": ("tiny_llama_scone", ["fgrams.model_size=1x"]),
+    "tiny_llama_scone_1x_replace": (
+        "tiny_llama_scone",
+        ["fgrams.model_size=1x", "fgrams.combine=replace"],
+    ),
+    "tiny_llama_scone_1x_shuffled": (
+        "tiny_llama_scone",
+        ["fgrams.model_size=1x", "fgrams.permute_rows=true"],
+    ),
 }
 for size in ("0.5x", "2x", "3x"):
     VARIANTS[f"tiny_scone_{size}"] = ("tiny_scone", [f"fgrams.model_size={size}"])
+for size in ("2x", "3x"):
     VARIANTS[f"tiny_llama_scone_{size}"] = ("tiny_llama_scone", [f"fgrams.model_size={size}"])
 # an f-gram model about twice the 1x one's parameters by width instead of depth (projections in
 # and out of the backbone's d 128)
-VARIANTS["tiny_llama_scone_w2"] = ("tiny_llama_scone", ["fgrams.d_model=184", "fgrams.n_heads=4"])
-# the presets' earlier recipe (20 warmup steps, not 100), each against its own baseline
-for name in ("tiny", "tiny_scone", "tiny_llama", "tiny_llama_scone"):
+VARIANTS["tiny_llama_scone_w2"] = (
+    "tiny_llama_scone",
+    ["fgrams.model_size=1x", "fgrams.d_model=184", "fgrams.n_heads=4"],
+)
+# fewer, more frequent f-grams for corpora that training repeats many times
+for m in (6, 12):
+    VARIANTS[f"tiny_llama_scone_m{m}"] = ("tiny_llama_scone", [f"fgrams.min_count={m}"])
+VARIANTS["tiny_llama_scone_s5k"] = ("tiny_llama_scone", ["fgrams.num_fgrams=5000"])
+# f-gram dropout: a share of matched training positions fed without their f-gram
+for rate in ("0.1", "0.3"):
+    VARIANTS[f"tiny_llama_scone_drop{rate}"] = ("tiny_llama_scone", [f"fgrams.drop_rate={rate}"])
+    VARIANTS[f"tiny_scone_drop{rate}"] = ("tiny_scone", [f"fgrams.drop_rate={rate}"])
+# the presets' earlier recipe (20 warmup steps, not 100, and llama's 1x f-gram model), each
+# against its own baseline
+for name in ("tiny", "tiny_scone", "tiny_llama"):
     VARIANTS[f"{name}_warmup20"] = (name, ["optim.warmup_steps=20"])
+VARIANTS["tiny_llama_scone_warmup20"] = (
+    "tiny_llama_scone",
+    ["fgrams.model_size=1x", "optim.warmup_steps=20"],
+)
 VARIANTS["tiny_lr1.5e-3_warmup20"] = ("tiny", ["optim.lr=1.5e-3", "optim.warmup_steps=20"])
 
 

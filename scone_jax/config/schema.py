@@ -119,6 +119,10 @@ class FgramConfig:
         "gated"  # gated (add through a zero-initialized learned gain) | add | replace (the paper)
     )
     dedup: bool = True  # compute each distinct f-gram of a batch once
+    # share of matched training positions fed without their f-gram (a fresh draw per step and
+    # position; evaluation and export use every match): a regularizer for text that training
+    # repeats many times
+    drop_rate: float = 0.0
     capacity: int = (
         0  # f-gram model node slots per data shard (whole blocks) before they grow; 0 = calibrate
     )
@@ -138,6 +142,10 @@ class FgramConfig:
         _check(
             self.n_layers >= 0 and self.d_model >= 0 and self.n_heads >= 0 and self.capacity >= 0,
             "fgrams.n_layers, d_model, n_heads and capacity must be >= 0",
+        )
+        _check(
+            0.0 <= self.drop_rate < 1.0,
+            f"fgrams.drop_rate={self.drop_rate} (expected 0 <= rate < 1)",
         )
         _check(
             self.block_size >= self.max_n,

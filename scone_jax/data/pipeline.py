@@ -103,8 +103,8 @@ class BatchStream:
         self._per_host = ds.repeat().map(to_example).batch(self.local_batch, drop_remainder=True)
 
     def raw_batch(self, step: int) -> dict[str, np.ndarray]:
-        """This process's rows of global batch `step`, before `transform`."""
-        return self._per_host[step * self.process_count + self.process_index]
+        """This process's rows of global batch `step` (and the step), before `transform`."""
+        return {**self._per_host[step * self.process_count + self.process_index], "step": step}
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
         batch = self.raw_batch(step)

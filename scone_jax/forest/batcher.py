@@ -71,8 +71,11 @@ class FgramBatcher:
         )
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Add `forest` (a ForestBatch) and the host-only `fgram_ids` and `fgram_stats`."""
+        """Add `forest` (a ForestBatch) and the host-only `fgram_ids` and `fgram_stats`.
+        Positions where the batch's `fgram_keep` mask (if any) is False count as unmatched."""
         ids = np.asarray(self.tag_ids[batch["positions"]], dtype=np.int64)
+        if "fgram_keep" in batch:
+            ids = np.where(batch["fgram_keep"], ids, -1)
         matched = ids >= 0
         forest, rows, row_of_position = self.forest(ids)
         layout = forest_layout(

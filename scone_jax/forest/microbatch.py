@@ -26,9 +26,9 @@ class MicrobatchForests:
     microbatches: int
 
     def parts(self, batch: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        keys = [k for k in ("positions", "fgram_keep") if k in batch]
         return [
-            {"positions": batch["positions"][m :: self.microbatches]}
-            for m in range(self.microbatches)
+            {k: batch[k][m :: self.microbatches] for k in keys} for m in range(self.microbatches)
         ]
 
     def calibrate(self, batches: Iterable[dict[str, np.ndarray]], headroom: float = 1.05) -> None:

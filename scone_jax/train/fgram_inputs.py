@@ -18,6 +18,7 @@ from scone_jax.fgrams.tag import tags_for_dataset
 from scone_jax.forest.batcher import FgramBatcher
 from scone_jax.forest.layout import round_up
 from scone_jax.forest.microbatch import MicrobatchForests
+from scone_jax.train.fgram_dropout import FgramDropout
 
 
 @dataclass
@@ -27,11 +28,19 @@ class FgramInputs:
     fgram_set: FgramSet
     batcher: FgramBatcher
     microbatches: int = 1
+    drop_rate: float = 0.0  # fgrams.drop_rate: training batches only
+    drop_seed: int = 0
 
     def transform(self, batcher: FgramBatcher | None = None) -> FgramBatcher | MicrobatchForests:
         """What turns a batch's tags into its forest: one forest, or one per microbatch."""
         batcher = batcher or self.batcher
         return MicrobatchForests(batcher, self.microbatches) if self.microbatches > 1 else batcher
+
+    def train_transform(self):
+        """`transform()` for the training stream: with f-gram dropout when it is on."""
+        if not self.drop_rate:
+            return self.transform()
+        return FgramDropout(self.transform(), self.drop_rate, self.drop_seed)
 
     def batcher_for(self, dataset: TokenizedDataset, progress: bool = True) -> FgramBatcher:
         """The same buffers for another dataset (an extra eval set), tagged with this set."""
@@ -109,6 +118,7 @@ def prepare_fgram_inputs(
     process_count: int = 1,
     barrier=None,
     microbatches: int = 1,
+    seed: int = 0,
 ) -> FgramInputs:
     """The run's f-gram set, the dataset's tags (each of `process_count` processes tagging its
     share, see `tags_for_dataset`), and a batcher with `groups` node buffers (the host's data
@@ -143,4 +153,10 @@ def prepare_fgram_inputs(
         groups=groups,
         capacity=round_up(-(-cfg.capacity // cfg.block_size), granule),
     )
-    return FgramInputs(fgram_set=fgram_set, batcher=batcher, microbatches=microbatches)
+    return FgramInputs(
+        fgram_set=fgram_set,
+        batcher=batcher,
+        microbatches=microbatches,
+        drop_rate=cfg.drop_rate,
+        drop_seed=seed,
+    )

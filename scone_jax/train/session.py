@@ -242,6 +242,7 @@ def open_session(cfg: Config, run_dir: Path, extra_eval: list[str] | None = None
             process_count=jax.process_count(),
             barrier=barrier,
             microbatches=cfg.train.microbatches,
+            seed=cfg.train.seed,
         )
     stream = BatchStream(
         WindowSource(dataset, train_ids, cfg.data.seq_len),
@@ -249,7 +250,7 @@ def open_session(cfg: Config, run_dir: Path, extra_eval: list[str] | None = None
         seed=cfg.train.seed,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
-        transform=fgrams.transform() if fgrams else None,
+        transform=fgrams.train_transform() if fgrams else None,
     )
     if fgrams is not None:
         # deterministic: the first batches of the run, whatever step a resume starts at

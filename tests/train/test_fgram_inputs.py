@@ -1,12 +1,15 @@
-"""A run's f-gram set, counted on the training split (train/fgram_inputs.py)."""
+"""A run's f-gram set, counted on the training split, and the training stream's f-gram dropout
+(train/fgram_inputs.py)."""
 
 import json
 
 import numpy as np
 
+from scone_jax.config import FgramConfig
 from scone_jax.data.dataset import TokenizedDataset, write_dataset
+from scone_jax.data.pipeline import BatchStream, WindowSource, split_documents
 from scone_jax.fgrams.build import build_fgram_set
-from scone_jax.train.fgram_inputs import train_split_corpus
+from scone_jax.train.fgram_inputs import prepare_fgram_inputs, train_split_corpus
 
 
 def test_a_set_counted_on_the_training_split_records_the_datasets_tokenizer(tmp_path):
@@ -31,3 +34,32 @@ def test_a_set_counted_on_the_training_split_records_the_datasets_tokenizer(tmp_
     meta = json.loads((tmp_path / "fg" / "meta.json").read_text())
     assert meta["tokenizer_path"] == str(tokenizer)
     assert meta["num_tokens"] == 27
+
+
+def test_fgram_dropout_thins_the_training_stream_and_leaves_evaluation_whole(
+    markov_dataset, tmp_path, rng
+):
+    train_ids, _ = split_documents(markov_dataset.num_docs, 0.0, 0)
+    cfg = FgramConfig(enabled=True, max_n=4, num_fgrams=500, min_count=2, drop_rate=0.5)
+    fgrams = prepare_fgram_inputs(
+        cfg,
+        markov_dataset,
+        train_ids,
+        tmp_path / "run",
+        64,
+        groups=1,
+        progress=False,
+        seed=int(rng.integers(2**31)),
+    )
+    source = WindowSource(markov_dataset, train_ids, 16)
+    stream = BatchStream(source, 8, seed=0, transform=fgrams.train_transform())
+    fgrams.train_transform().calibrate(stream.raw_batch(k) for k in range(4))
+    kept = dropped = 0
+    for step in range(20):
+        raw = stream.raw_batch(step)
+        trained = stream.batch(step)["fgram_ids"]
+        whole = fgrams.transform()(raw)["fgram_ids"]  # what evaluation sees
+        assert ((trained == whole) | (trained == -1)).all()
+        kept += int((trained >= 0).sum())
+        dropped += int(((whole >= 0) & (trained == -1)).sum())
+    assert abs(dropped / (kept + dropped) - 0.5) < 0.05

@@ -1,0 +1,40 @@
+"""F-gram dropout: in training, a random share of the matched positions is fed as unmatched
+(T's row alone), so that the backbone cannot lean on an f-gram row that fits the training
+text only. The draw is a hash of (seed, step, dataset position): the same on every host and
+after a resume, fresh at every step, and independent of the batch's layout (microbatches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from scone_jax.fgrams.keys import fmix64
+
+_STEP_MIX, _SEED_MIX = 0xD6E8FEB86659FD93, 0x9E3779B97F4A7C15  # odd 64-bit constants
+
+
+def keep_mask(positions: np.ndarray, step: int, rate: float, seed: int) -> np.ndarray:
+    """True where a position keeps its f-gram: each is dropped with probability `rate`."""
+    salt = np.uint64(((int(step) * _STEP_MIX) ^ (int(seed) * _SEED_MIX)) % 2**64)
+    h = fmix64(np.asarray(positions).astype(np.uint64) ^ salt)
+    return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53 >= rate
+
+
+@dataclass
+class FgramDropout:
+    """Wraps a batch transform (the batcher, or its microbatch split) for the training
+    stream: adds the batch's `fgram_keep` mask, then transforms."""
+
+    transform: object
+    rate: float
+    seed: int
+
+    def calibrate(self, batches: Iterable[dict[str, np.ndarray]], headroom: float = 1.05) -> None:
+        self.transform.calibrate(batches, headroom)  # sized for every match: a safe bound
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        keep = keep_mask(batch["positions"], batch["step"], self.rate, self.seed)
+        return self.transform({**batch, "fgram_keep": keep})
