@@ -212,7 +212,8 @@ def to_markdown(plan: dict, rows: list[dict], plots: list[str]) -> str:
     ]
     for r in rows:
         fgram_model = (
-            f"{r.get('fgram_model_size')} ({r.get('fgram_model_layers')} layers, "
+            f"{r.get('fgram_model_size')} ({r.get('fgram_model_layers')} "
+            f"layer{'' if r.get('fgram_model_layers') == 1 else 's'}, "
             f"{_fmt(r.get('fgram_model_params'), 'M')})"
             if r["scone"]
             else ""
