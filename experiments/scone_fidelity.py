@@ -58,12 +58,8 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "tiny_llama_w2": ("tiny_llama", ["model.d_model=184"]),
     "tiny_llama_scone": ("tiny_llama_scone", []),  # a 0.5x f-gram model
     "tiny_llama_scone_shuffled": ("tiny_llama_scone", ["fgrams.permute_rows=true"]),
-    # the llama preset's earlier 1x f-gram model, and the rules and control measured with it
+    # the llama preset's earlier 1x f-gram model, and the control measured with it
     "tiny_llama_scone_1x": ("tiny_llama_scone", ["fgrams.model_size=1x"]),
-    "tiny_llama_scone_1x_replace": (
-        "tiny_llama_scone",
-        ["fgrams.model_size=1x", "fgrams.combine=replace"],
-    ),
     "tiny_llama_scone_1x_shuffled": (
         "tiny_llama_scone",
         ["fgrams.model_size=1x", "fgrams.permute_rows=true"],
@@ -86,7 +82,6 @@ VARIANTS["tiny_llama_scone_s5k"] = ("tiny_llama_scone", ["fgrams.num_fgrams=5000
 # f-gram dropout: a share of matched training positions fed without their f-gram
 for rate in ("0.1", "0.3"):
     VARIANTS[f"tiny_llama_scone_drop{rate}"] = ("tiny_llama_scone", [f"fgrams.drop_rate={rate}"])
-    VARIANTS[f"tiny_scone_drop{rate}"] = ("tiny_scone", [f"fgrams.drop_rate={rate}"])
 # the presets' earlier recipe (20 warmup steps, not 100, and llama's 1x f-gram model), each
 # against its own baseline
 for name in ("tiny", "tiny_scone", "tiny_llama"):

@@ -11,16 +11,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scone_jax.fgrams.keys import fmix64
-
-_STEP_MIX, _SEED_MIX = 0xD6E8FEB86659FD93, 0x9E3779B97F4A7C15  # odd 64-bit constants
+from scone_jax.fgrams.keys import fgram_key, fmix64
 
 
 def keep_mask(positions: np.ndarray, step: int, rate: float, seed: int) -> np.ndarray:
-    """True where a position keeps its f-gram: each is dropped with probability `rate`."""
-    salt = np.uint64(((int(step) * _STEP_MIX) ^ (int(seed) * _SEED_MIX)) % 2**64)
+    """True where a position keeps its f-gram: each is dropped with probability `rate`
+    (the top 53 bits of fmix64(position ^ key of (seed, step)) against rate * 2**53)."""
+    salt = np.uint64(fgram_key((seed, step)))
     h = fmix64(np.asarray(positions).astype(np.uint64) ^ salt)
-    return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53 >= rate
+    return (h >> np.uint64(11)) >= np.uint64(round(rate * 2**53))
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """SCONE training end to end: the combine modes train, 1 device == 8 devices, resume is
 bitwise. That the shipped SCONE presets beat their baselines is tests/fidelity (its own target)."""
 
+import json
 import shutil
 
 import numpy as np
@@ -105,10 +106,11 @@ def test_the_sharded_step_never_replicates_what_it_shards(markov_dataset, tmp_pa
 
 
 def test_scone_kill_and_resume_is_bitwise_identical(markov_dataset, tmp_path):
+    """With f-gram dropout on: its draws, too, must come out the same after a resume."""
     args = lambda name: [  # noqa: E731
         "train",
         "tiny",
-        *scone_overrides(markov_dataset.path, tmp_path / name, 20),
+        *scone_overrides(markov_dataset.path, tmp_path / name, 20, **{"fgrams.drop_rate": 0.5}),
     ]
     straight = cli_run(args("straight"))
     assert straight.returncode == 0, straight.stderr[-2000:]
@@ -121,6 +123,10 @@ def test_scone_kill_and_resume_is_bitwise_identical(markov_dataset, tmp_path):
         -2000:
     ]
     assert losses(tmp_path / "killed") == losses(tmp_path / "straight")
+    # the training stream dropped about half the matches the tags hold
+    coverage = json.loads((tmp_path / "straight" / "fgrams" / "stats.json").read_text())
+    fed = np.mean([r["match_rate"] for r in read_metrics(tmp_path / "straight")])
+    assert fed < 0.75 * coverage["coverage"]["coverage"], (fed, coverage["coverage"])
 
 
 def test_a_run_directory_moved_elsewhere_resumes(markov_dataset, tmp_path):
