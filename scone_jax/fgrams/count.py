@@ -126,6 +126,11 @@ def _count(corpus, max_n, min_count, radix, p, scratch, progress) -> list[Level]
     n_tok = corpus.num_tokens
     levels: list[Level] = []
     ids_in = ids_out = None
+    # a chunk reads max_n + 2 tokens past its end (`_PassJob`)
+    if p.mode == "memory":
+        tokens = outofcore.MemoryTokens(corpus, max_n + 2)
+    else:
+        tokens = outofcore.FileTokens(corpus)
     with ThreadPoolExecutor(p.workers) as pool:
         try:
             for n in range(2, max_n + 1):
@@ -148,6 +153,7 @@ def _count(corpus, max_n, min_count, radix, p, scratch, progress) -> list[Level]
                     _one_pass(
                         pool,
                         corpus,
+                        tokens,
                         n,
                         radix,
                         max_n,
@@ -171,7 +177,7 @@ def _count(corpus, max_n, min_count, radix, p, scratch, progress) -> list[Level]
 
 
 def _one_pass(
-    pool, corpus, n, radix, max_n, min_count, index, ids_in, ids_out, p, scratch, progress
+    pool, corpus, tokens, n, radix, max_n, min_count, index, ids_in, ids_out, p, scratch, progress
 ) -> Level:
     """Scan the corpus in chunks into partitions of candidate codes, then count each partition."""
     n_tok = corpus.num_tokens
@@ -181,7 +187,7 @@ def _one_pass(
         if p.mode == "memory"
         else outofcore.DiskPartitions(layout.parts, layout.dtype, scratch)
     )
-    job = _PassJob(corpus, n, radix, max_n, index, ids_in, ids_out, parts, layout)
+    job = _PassJob(corpus, tokens, n, radix, max_n, index, ids_in, ids_out, parts, layout)
     bar = progress_bar(
         f"count n={n}",
         total=n_tok,
@@ -246,6 +252,7 @@ class _PassJob:
     """Turn the positions [a, b) into candidate codes for pass n and hand them to partitions."""
 
     corpus: Corpus
+    tokens: object  # outofcore.MemoryTokens or FileTokens
     n: int
     radix: int
     max_n: int
@@ -257,21 +264,22 @@ class _PassJob:
 
     def __call__(self, a: int, b: int) -> tuple[int, int]:
         n, L, v = self.n, b - a, _U64(self.radix)
-        width = L + self.max_n + 2
-        t = self.corpus.read(a, a + width)  # uint16/32 ids, widened inside the kernels
-        if len(t) < width:  # the corpus ends: pad (those positions are masked)
-            t = np.concatenate([t, np.zeros(width - len(t), t.dtype)])
+        t = self.tokens.window(a, L + self.max_n + 2)  # uint16/32 ids, widened in the kernels
         if n == 2:
             keys, sizes = self.layout.scatter(t, t[1:], self.corpus.starts(a + 1, a + L + 1), v, L)
         else:
-            ids = np.empty(L + 1, np.int32)  # of the (n-1)-grams at a .. b (b: for suffixes)
+            # of the (n-1)-grams at a .. b (b: for suffixes)
+            out = self.ids_out
+            ids = np.empty(L + 1, np.int32) if out is None else out.target(a, L + 1)
             if n == 3:
-                _ids(self.index, t, t[1:], self.corpus.starts(a + 1, a + L + 2), v, ids)
+                prefix, starts = t, self.corpus.starts(a + 1, a + L + 2)
             else:
-                _ids(self.index, self.ids_in.read(a, a + L + 2), t[n - 2 :], _NOT_CHECKED, v, ids)
-            if self.ids_out is not None:
-                self.ids_out.write(a, ids[:L])
-            keys, sizes = self.layout.scatter(ids, t[n - 1 :], _NOT_CHECKED, v, L)
+                prefix, starts = self.ids_in.read(a, a + L + 2), _NOT_CHECKED
+            keys, sizes = _ids_then_scatter(
+                self.index, prefix, t[n - 2 :], starts, v, ids, t[n - 1 :], self.layout
+            )
+            if out is not None:
+                out.commit(a, ids)
         for q, piece in partition_pieces(keys, sizes):
             self.parts.add(q, piece)
         return L, len(keys)
@@ -280,6 +288,7 @@ class _PassJob:
 # no document starts to check: longer n-grams inherit them from their prefix and suffix ids
 _NOT_CHECKED = None
 _NO_WEIGHTS = np.zeros(0, np.int64)  # each key counts 1
+_NO_SIZES = np.zeros(0, np.int64)  # `kernels.ids` without the next scatter's first loop
 
 
 def shard_candidates(
@@ -319,7 +328,46 @@ def partition_pieces(keys: np.ndarray, sizes: np.ndarray):
 def _ids(index: HashIndex, prefix, last, starts, v: np.uint64, out: np.ndarray) -> None:
     """out[i] = the id (table slot) of the n-gram coded prefix[i] * v + last[i], -1 where a
     document starts at i + 1, prefix[i] or prefix[i + 1] is -1, or it did not survive."""
-    kernels.ids(index.keys, index.spill, index.bits, prefix, last, starts, v, out)
+    kernels.ids(
+        index.keys,
+        index.spill,
+        index.bits,
+        prefix,
+        last,
+        starts,
+        v,
+        out,
+        last,
+        _U64(0),
+        _U64(0),
+        _NO_SIZES,
+    )
+
+
+def _ids_then_scatter(index: HashIndex, prefix, last, starts, v, ids, follow, layout: Layout):
+    """`_ids` into `ids`, then the next length's candidates ids[i] * v + follow[i] scattered
+    (`Layout.scatter(ids, follow, _NOT_CHECKED, v, len(ids) - 1)`), its first loop done by
+    the probe kernel while each block of ids is in cache."""
+    sizes = np.zeros(layout.parts, np.int64)
+    kernels.ids(
+        index.keys,
+        index.spill,
+        index.bits,
+        prefix,
+        last,
+        starts,
+        v,
+        ids,
+        follow,
+        layout.hmask,
+        _U64(layout.shift),
+        sizes,
+    )
+    keys = np.empty(len(ids), layout.dtype)
+    total = kernels.place(
+        ids, follow, _NOT_CHECKED, v, layout.hmask, _U64(layout.shift), keys, sizes
+    )
+    return keys[:total], sizes
 
 
 @dataclass(frozen=True)
@@ -355,9 +403,12 @@ class Layout:
         codes prefix[i] * v + last[i] of positions 0..size-1 (`kernels.scatter`)."""
         keys = np.empty(size + 1, self.dtype)  # + 1: where the kernel writes non-candidates
         sizes = np.zeros(self.parts, np.int64)
-        hmask = _U64((1 << self.bits) - 1)
-        total = kernels.scatter(prefix, last, starts, v, hmask, _U64(self.shift), keys, sizes)
+        total = kernels.scatter(prefix, last, starts, v, self.hmask, _U64(self.shift), keys, sizes)
         return keys[:total], sizes
+
+    @property
+    def hmask(self) -> np.uint64:
+        return _U64((1 << self.bits) - 1)
 
     @property
     def parts(self) -> int:
@@ -410,9 +461,10 @@ def _counted(k: np.ndarray, min_count: int, weights: np.ndarray = _NO_WEIGHTS):
     benchmark's partitions, where the radix sort it replaces took ~8."""
     if not len(weights):
         k.sort()
-    keys, counts = np.empty(len(k), k.dtype), np.empty(len(k), np.int64)
-    m = kernels.runs(k, weights, min_count, keys, counts)
-    return keys[:m].copy(), counts[:m].copy()
+    m = kernels.kept_runs(k, weights, min_count)
+    keys, counts = np.empty(m + 1, k.dtype), np.empty(m + 1, np.int64)
+    kernels.runs(k, weights, min_count, keys, counts)
+    return keys[:m], counts[:m]
 
 
 def merge_counts(

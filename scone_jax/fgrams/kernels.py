@@ -30,14 +30,18 @@ def _ok(prefix, starts, i):
 
 
 @_jit
-def ids(keys, spill, bits, prefix, last, starts, v, out):
+def ids(keys, spill, bits, prefix, last, starts, v, out, follow, hmask, shift_next, sizes):
     """out[i] = the slot of code prefix[i] * v + last[i] in a `HashIndex` (keys, spill, bits),
     -1 where position i is no candidate (`_ok`) or the code is not in the table.
 
     In blocks: first every candidate's home slot, then the key there, with no branch on
     what was loaded, so that the cache misses of a block overlap; then the comparisons, the
     spill flag read only on a miss. (One loop that branches on each loaded key waits for
-    each miss in turn, as a mispredicted branch discards the loads issued after it.)"""
+    each miss in turn, as a mispredicted branch discards the loads issued after it.)
+
+    With `sizes` (zeros, one per partition; empty: skipped), each block also does the first
+    loop of `scatter` for the next length's codes out[i] * v + follow[i] (i < len(out) - 1),
+    while the block's ids are still in cache: `place` then needs only its second loop."""
     shift = np.uint64(64 - bits)
     mask = np.int64((1 << bits) - 1)
     block = 256
@@ -51,6 +55,8 @@ def ids(keys, spill, bits, prefix, last, starts, v, out):
         m = _home_slots(prefix, last, starts, v, shift, a, b, qs, slots, at)
         _load(keys, slots, m, found)
         _resolve(keys, spill, mask, qs, slots, at, found, m, out)
+        if len(sizes):  # position i needs out[i + 1]: those of this block but its last
+            _partition_sizes(out, follow, None, v, hmask, shift_next, max(a - 1, 0), b - 1, sizes)
 
 
 # Each loop is a function of its own, and none stores into an array of the dtype it reads
@@ -106,8 +112,14 @@ def scatter(prefix, last, starts, v, hmask, shift, out, sizes):
     positions in order inside each), stored as out's dtype (uint32: h's low half); out's
     last element is scratch. `sizes` (zeros, one per partition) gets each partition's
     count. Returns the number of codes. Two loops: count, then place (a counting sort)."""
+    _partition_sizes(prefix, last, starts, v, hmask, shift, 0, len(out) - 1, sizes)
+    return place(prefix, last, starts, v, hmask, shift, out, sizes)
+
+
+@_jit
+def place(prefix, last, starts, v, hmask, shift, out, sizes):
+    """`scatter`'s second loop, given each partition's size (from `ids`)."""
     n = len(out) - 1
-    _partition_sizes(prefix, last, starts, v, hmask, shift, n, sizes)
     pos = np.empty(len(sizes) + 1, np.int64)
     total = 0
     for q in range(len(sizes)):
@@ -119,8 +131,8 @@ def scatter(prefix, last, starts, v, hmask, shift, out, sizes):
 
 
 @_jit
-def _partition_sizes(prefix, last, starts, v, hmask, shift, n, sizes):
-    for i in range(n):
+def _partition_sizes(prefix, last, starts, v, hmask, shift, lo, hi, sizes):
+    for i in range(lo, hi):
         sizes[_part(_mixed(prefix[i], last[i], v, hmask), shift)] += _ok(prefix, starts, i)
 
 
@@ -147,11 +159,29 @@ def _part(h, shift):
 
 
 @_jit
+def kept_runs(k, weights, min_count):
+    """How many distinct keys of sorted `k` reach min_count (`runs`' return value), so that
+    its outputs can be allocated at their exact size: a second read of keys that are still
+    in cache costs less than first-touching outputs as long as `k`."""
+    n = len(k)
+    if n == 0:
+        return 0
+    weighted = len(weights) > 0
+    m = 0
+    c = weights[0] if weighted else 1
+    for i in range(1, n):
+        end = k[i] != k[i - 1]
+        m += end & (c >= min_count)
+        c = (0 if end else c) + (weights[i] if weighted else 1)
+    return m + (c >= min_count)
+
+
+@_jit
 def runs(k, weights, min_count, out_keys, counts):
     """Run-length count sorted keys: the distinct keys of `k` whose count (their number, or
     the sum of their `weights` when weights are given) is >= min_count go to out_keys, their
     counts to `counts`. Returns how many. Branch-free: every run end is written, and kept
-    by advancing the output index."""
+    by advancing the output index (so the outputs need one slot more than are kept)."""
     n = len(k)
     if n == 0:
         return 0

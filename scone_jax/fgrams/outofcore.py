@@ -21,17 +21,20 @@ from scone_jax.errors import UserError
 # Bytes of working memory per token of a chunk in flight (token copies, codes, masks, ids,
 # the partition shuffle), measured on the chunk job with some margin.
 CHUNK_BYTES_PER_TOKEN = 96
-# In RAM: two id arrays (int32) and one pass of candidate keys (uint64) per token, plus
-# the sort of one partition at a time per worker.
-RAM_BYTES_PER_TOKEN = 20
-MIN_CHUNK, MAX_CHUNK = 1 << 12, 1 << 20
+# In RAM: the tokens (up to 4 bytes), two id arrays (int32) and one pass of candidate keys
+# (uint64) per token, plus the sort of one partition at a time per worker.
+RAM_BYTES_PER_TOKEN = 24
+# A chunk is at most a worker's share of the corpus (one chunk per worker when it is small:
+# fewer, larger partition pieces and no copies to join them) and at most 4M tokens.
+MIN_CHUNK, MAX_CHUNK = 1 << 12, 1 << 22
 # survivor tables this small are always allowed, however tiny the budget (tests force it)
 MIN_SURVIVOR_BYTES = 64 << 20
 # open partition files at once; beyond this, partitions are counted in pieces and merged
 MAX_PARTITIONS = 256
-# Bytes per key while one partition is counted (count._counted, uint64 keys): the keys,
-# sorted in place, the run-length output (a key and an int64 count per key, at most), and
-# the distinct keys and counts copied out of it.
+# Bytes per key while one partition is counted (uint64 keys): a piece's keys, sorted in place,
+# and its distinct keys and int64 counts (count._counted: 24 at most), or, for a partition
+# counted in pieces, the running counts merged with the next piece's (count.merge_counts:
+# the joined keys and counts, their sort order and the reordered copies, ~40).
 SORT_BYTES_PER_KEY = 40
 # Partitions of about this many keys count fastest: their sorts stay in cache, and
 # there are few enough that the per-partition Python work stays small. On disk, where every
@@ -81,7 +84,9 @@ class Plan:
 
 def plan(num_tokens: int, budget: int, workers: int, force_disk: bool = False) -> Plan:
     workers = max(1, workers)
-    chunk = int(np.clip(budget // (4 * workers * CHUNK_BYTES_PER_TOKEN), MIN_CHUNK, MAX_CHUNK))
+    share = -(-num_tokens // workers)
+    cap = budget // (4 * workers * CHUNK_BYTES_PER_TOKEN)
+    chunk = int(np.clip(min(share, cap), MIN_CHUNK, MAX_CHUNK))
     in_ram = RAM_BYTES_PER_TOKEN * num_tokens + workers * chunk * CHUNK_BYTES_PER_TOKEN
     if not force_disk and in_ram <= budget * 0.6:
         parts = _pow2(max(2 * workers, num_tokens // PARTITION_KEYS))
@@ -98,6 +103,34 @@ def _pow2(x: int) -> int:
     return 1 << max(0, int(x - 1).bit_length())
 
 
+# -- the tokens each pass reads -----------------------------------------------------------------
+
+
+class MemoryTokens:
+    """The corpus read once, padded with `pad` zeros: every pass reads the same tokens, so
+    in RAM mode a chunk's window is a view, not a fresh copy (and its page faults) per pass."""
+
+    def __init__(self, corpus, pad: int):
+        t = corpus.read(0, corpus.num_tokens)
+        self.arr = np.concatenate([t, np.zeros(pad, t.dtype)])
+
+    def window(self, a: int, width: int) -> np.ndarray:
+        return self.arr[a : a + width]
+
+
+class FileTokens:
+    """Tokens read from the corpus per chunk, zero-padded past its end."""
+
+    def __init__(self, corpus):
+        self.corpus = corpus
+
+    def window(self, a: int, width: int) -> np.ndarray:
+        t = self.corpus.read(a, a + width)
+        if len(t) < width:  # the corpus ends: pad (those positions are masked)
+            t = np.concatenate([t, np.zeros(width - len(t), t.dtype)])
+        return t
+
+
 # -- per-position survivor ids -----------------------------------------------------------------
 
 
@@ -107,10 +140,16 @@ class MemoryIds:
     the chunk jobs, spread over the workers, instead of in one serial fill here."""
 
     def __init__(self, n: int, dtype=np.int32):
-        self.arr = np.empty(n, dtype)
+        self.arr = np.empty(n + 1, dtype)  # + 1: the last chunk's look-ahead position
 
-    def write(self, a: int, ids: np.ndarray) -> None:
-        self.arr[a : a + len(ids)] = ids
+    def target(self, a: int, size: int) -> np.ndarray:
+        """Where a chunk computes the ids of positions a .. a + size - 1: a view of the array
+        itself, so nothing is copied. The last position is the next chunk's first (the
+        suffix ids of this chunk's last n-gram): both chunks write it, with the same value."""
+        return self.arr[a : a + size]
+
+    def commit(self, a: int, ids: np.ndarray) -> None:
+        """Nothing to do: `target` was the array."""
 
     def read(self, a: int, b: int) -> np.ndarray:
         """ids[a:b], -1 past the end (a view where it is all inside: callers only read it)."""
@@ -133,6 +172,13 @@ class DiskIds:
         fd, self.path = tempfile.mkstemp(prefix="ids-", suffix=".bin", dir=directory)
         self.fd = fd
         os.ftruncate(fd, n * self.dtype.itemsize)
+
+    def target(self, a: int, size: int) -> np.ndarray:
+        return np.empty(size, self.dtype)
+
+    def commit(self, a: int, ids: np.ndarray) -> None:
+        """Store ids[:-1] (the last is the next chunk's to store) at positions a ..."""
+        self.write(a, ids[:-1])
 
     def write(self, a: int, ids: np.ndarray) -> None:
         data = np.ascontiguousarray(ids, self.dtype).tobytes()

@@ -31,6 +31,28 @@ def test_counts_equal_brute_force_on_random_corpora(rng):
         assert got == want, (docs, k, m)
 
 
+@pytest.mark.parametrize("workers", [1, 3])
+def test_many_small_chunks_equal_brute_force(rng, monkeypatch, workers):
+    """Chunks of a few tokens, in RAM and on disk: chunk edges fall inside documents and
+    n-grams, neighbouring chunks share their look-ahead id (`MemoryIds.target`) and every
+    partition is joined from many pieces."""
+    for _ in range(15):
+        docs = random_docs(rng)
+        if not sum(map(len, docs)):
+            continue
+        chunk = int(rng.integers(1, 12))
+        monkeypatch.setattr(outofcore, "MIN_CHUNK", chunk)
+        monkeypatch.setattr(outofcore, "MAX_CHUNK", chunk)
+        k, m = int(rng.integers(2, 9)), int(rng.integers(1, 4))
+        want = {g: c for g, c in brute_counts(docs, k).items() if c >= m}
+        for disk in (False, True):
+            counted = count_ngrams(
+                corpus_of(docs), k, m, progress=False, workers=workers, force_disk=disk
+            )
+            assert counted.plan.chunk == chunk
+            assert survivors(counted) == want, (docs, k, m, chunk, disk)
+
+
 def test_selection_equals_brute_force_including_ties_and_small_sets(rng):
     for _ in range(120):
         docs = random_docs(rng)
