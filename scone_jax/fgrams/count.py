@@ -177,7 +177,19 @@ def _count(corpus, max_n, min_count, radix, p, scratch, progress) -> list[Level]
 
 
 def _one_pass(
-    pool, corpus, tokens, n, radix, max_n, min_count, index, ids_in, ids_out, p, scratch, progress
+    pool,
+    corpus,
+    tokens,
+    n,
+    radix,
+    max_n,
+    min_count,
+    index,
+    ids_in,
+    ids_out,
+    p,
+    scratch,
+    progress,
 ) -> Level:
     """Scan the corpus in chunks into partitions of candidate codes, then count each partition."""
     n_tok = corpus.num_tokens
@@ -265,24 +277,34 @@ class _PassJob:
     def __call__(self, a: int, b: int) -> tuple[int, int]:
         n, L, v = self.n, b - a, _U64(self.radix)
         t = self.tokens.window(a, L + self.max_n + 2)  # uint16/32 ids, widened in the kernels
+        edges = 0
         if n == 2:
             keys, sizes = self.layout.scatter(t, t[1:], self.corpus.starts(a + 1, a + L + 1), v, L)
         else:
-            # of the (n-1)-grams at a .. b (b: for suffixes)
-            out = self.ids_out
-            ids = np.empty(L + 1, np.int32) if out is None else out.target(a, L + 1)
+            # ids of the (n-1)-grams at a .. b - 1: in RAM straight into the id array
+            window = self.ids_out.window(a, L) if self.ids_out is not None else None
+            ids = window if window is not None else np.empty(L, np.int32)
             if n == 3:
                 prefix, starts = t, self.corpus.starts(a + 1, a + L + 2)
             else:
                 prefix, starts = self.ids_in.read(a, a + L + 2), _NOT_CHECKED
+            last, follow = t[n - 2 :], t[n - 1 :]
             keys, sizes = _ids_then_scatter(
-                self.index, prefix, t[n - 2 :], starts, v, ids, t[n - 1 :], self.layout
+                self.index, prefix, last, starts, v, ids, follow, self.layout
             )
-            if out is not None:
-                out.commit(a, ids)
+            if window is None and self.ids_out is not None:
+                self.ids_out.write(a, ids)
+            # The candidate at b - 1 needs the id at b too, which is the next chunk's to write:
+            # it is computed here apart and its code added as a piece of one key.
+            edge = np.empty(1, np.int32)
+            _ids(self.index, prefix[L:], last[L:], None if starts is None else starts[L:], v, edge)
+            if ids[L - 1] >= 0 and edge[0] >= 0:
+                code = int(ids[L - 1]) * self.radix + int(follow[L - 1])
+                self.parts.add(*self.layout.piece(code))
+                edges = 1
         for q, piece in partition_pieces(keys, sizes):
             self.parts.add(q, piece)
-        return L, len(keys)
+        return L, len(keys) + edges
 
 
 # no document starts to check: longer n-grams inherit them from their prefix and suffix ids
@@ -345,9 +367,9 @@ def _ids(index: HashIndex, prefix, last, starts, v: np.uint64, out: np.ndarray) 
 
 
 def _ids_then_scatter(index: HashIndex, prefix, last, starts, v, ids, follow, layout: Layout):
-    """`_ids` into `ids`, then the next length's candidates ids[i] * v + follow[i] scattered
-    (`Layout.scatter(ids, follow, _NOT_CHECKED, v, len(ids) - 1)`), its first loop done by
-    the probe kernel while each block of ids is in cache."""
+    """`_ids` into `ids`, then the next length's candidates ids[i] * v + follow[i] of positions
+    i < len(ids) - 1 scattered (`Layout.scatter(ids, follow, _NOT_CHECKED, v, len(ids) - 1)`),
+    its first loop done by the probe kernel while each block of ids is in cache."""
     sizes = np.zeros(layout.parts, np.int64)
     kernels.ids(
         index.keys,
@@ -363,7 +385,7 @@ def _ids_then_scatter(index: HashIndex, prefix, last, starts, v, ids, follow, la
         _U64(layout.shift),
         sizes,
     )
-    keys = np.empty(len(ids), layout.dtype)
+    keys = np.empty(len(ids), layout.dtype)  # + 1 (len(ids) - 1 positions): non-candidates
     total = kernels.place(
         ids, follow, _NOT_CHECKED, v, layout.hmask, _U64(layout.shift), keys, sizes
     )
@@ -405,6 +427,12 @@ class Layout:
         sizes = np.zeros(self.parts, np.int64)
         total = kernels.scatter(prefix, last, starts, v, self.hmask, _U64(self.shift), keys, sizes)
         return keys[:total], sizes
+
+    def piece(self, code: int) -> tuple[int, np.ndarray]:
+        """(partition, its stored key) of one candidate code, as `scatter` would store it."""
+        h = code * int(kernels.MIX) & ((1 << self.bits) - 1)
+        stored = h & 0xFFFFFFFF if self.dtype is np.uint32 else h
+        return h >> self.shift, np.array([stored], self.dtype)
 
     @property
     def hmask(self) -> np.uint64:

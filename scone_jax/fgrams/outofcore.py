@@ -140,16 +140,11 @@ class MemoryIds:
     the chunk jobs, spread over the workers, instead of in one serial fill here."""
 
     def __init__(self, n: int, dtype=np.int32):
-        self.arr = np.empty(n + 1, dtype)  # + 1: the last chunk's look-ahead position
+        self.arr = np.empty(n, dtype)
 
-    def target(self, a: int, size: int) -> np.ndarray:
-        """Where a chunk computes the ids of positions a .. a + size - 1: a view of the array
-        itself, so nothing is copied. The last position is the next chunk's first (the
-        suffix ids of this chunk's last n-gram): both chunks write it, with the same value."""
+    def window(self, a: int, size: int) -> np.ndarray:
+        """Where a chunk writes the ids of positions a .. a + size - 1: the array itself."""
         return self.arr[a : a + size]
-
-    def commit(self, a: int, ids: np.ndarray) -> None:
-        """Nothing to do: `target` was the array."""
 
     def read(self, a: int, b: int) -> np.ndarray:
         """ids[a:b], -1 past the end (a view where it is all inside: callers only read it)."""
@@ -173,12 +168,9 @@ class DiskIds:
         self.fd = fd
         os.ftruncate(fd, n * self.dtype.itemsize)
 
-    def target(self, a: int, size: int) -> np.ndarray:
-        return np.empty(size, self.dtype)
-
-    def commit(self, a: int, ids: np.ndarray) -> None:
-        """Store ids[:-1] (the last is the next chunk's to store) at positions a ..."""
-        self.write(a, ids[:-1])
+    def window(self, a: int, size: int) -> None:
+        """None: a chunk computes its ids in a buffer of its own, then `write`s them."""
+        return None
 
     def write(self, a: int, ids: np.ndarray) -> None:
         data = np.ascontiguousarray(ids, self.dtype).tobytes()
