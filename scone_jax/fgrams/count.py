@@ -68,27 +68,43 @@ class Counts:
 
     def decode(self, n: int, codes: np.ndarray) -> np.ndarray:
         """Token ids [len(codes), n] of codes of length n (needs the levels below n, indexed)."""
+        out = np.empty((len(codes), n), self.token_dtype)
+        self._decode_into(n, codes, out)
+        return out
+
+    def _decode_into(self, n: int, codes: np.ndarray, out: np.ndarray) -> None:
+        """out[:, :n] = the token ids of codes of length n, last token first: a code is
+        (id of its (n-1)-prefix) * V + last token, and the prefix's code is a row of the level
+        below (`Level.index`)."""
         v = _U64(self.key_vocab)
-        last = (codes % v).astype(np.int64)
-        prefix = (codes // v).astype(np.int64)
-        head = (
-            prefix[:, None] if n == 2 else self.tokens(n - 1, self.levels[n - 3].index.vals[prefix])
-        )
-        return np.concatenate([head, last[:, None]], axis=1)
+        for m in range(n, 1, -1):
+            out[:, m - 1] = codes % v
+            prefix = codes // v
+            if m == 2:
+                out[:, 0] = prefix
+            else:
+                below = self.levels[m - 3]
+                codes = below.codes[below.index.vals[prefix]]
+
+    @property
+    def token_dtype(self):
+        return np.int32 if self.key_vocab <= 2**31 else np.int64
 
     def pooled(self, rows_by_level: list[np.ndarray] | None = None):
         """(tokens [M, K] padded with -1, lengths [M], counts [M]) of the chosen survivors."""
-        toks, lens, cnts = [], [], []
-        for i, lv in enumerate(self.levels):
-            rows = np.arange(len(lv.codes)) if rows_by_level is None else rows_by_level[i]
-            t = np.full((len(rows), self.max_n), -1, np.int64)
-            t[:, : lv.n] = self.tokens(lv.n, rows)
-            toks.append(t)
-            lens.append(np.full(len(rows), lv.n, np.int64))
-            cnts.append(lv.counts[rows])
-        if not toks:
-            return np.zeros((0, self.max_n), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-        return np.concatenate(toks), np.concatenate(lens), np.concatenate(cnts)
+        if rows_by_level is None:
+            rows_by_level = [np.arange(len(lv.codes)) for lv in self.levels]
+        sizes = [len(rows) for rows in rows_by_level]
+        toks = np.full((sum(sizes), self.max_n), -1, self.token_dtype)
+        at = 0
+        for lv, rows in zip(self.levels, rows_by_level):
+            self._decode_into(lv.n, lv.codes[rows], toks[at : at + len(rows)])
+            at += len(rows)
+        lens = np.repeat(
+            np.array([lv.n for lv in self.levels], np.int64), sizes[: len(self.levels)]
+        )
+        cnts = [lv.counts[rows] for lv, rows in zip(self.levels, rows_by_level)]
+        return toks, lens, np.concatenate(cnts) if cnts else np.zeros(0, np.int64)
 
 
 def count_ngrams(
