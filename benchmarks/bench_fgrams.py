@@ -76,7 +76,7 @@ def write_dataset(path: Path, tokens: np.ndarray, offsets: np.ndarray, vocab: in
 
 
 _CHILD = r"""
-import json, os, sys, time
+import json, os, resource, sys, time
 from scone_jax.fgrams.build import select_fgrams
 from scone_jax.fgrams.corpus import Corpus
 args = json.loads(sys.argv[1])
@@ -91,7 +91,6 @@ if args.get("warm"):  # the once-per-process cost of the compiled kernels, outsi
                       workers=args.get("workers"), force_disk=disk, tmp_dir=args.get("tmp"))
     warm = time.perf_counter() - t
 rss0 = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-import resource
 faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 t = time.perf_counter()
 io0 = dict(l.split(": ") for l in open("/proc/self/io").read().splitlines())

@@ -165,23 +165,8 @@ def _count(corpus, max_n, min_count, radix, p, scratch, progress) -> list[Level]
                         if p.mode == "memory"
                         else outofcore.DiskIds(n_tok, scratch)
                     )
-                levels.append(
-                    _one_pass(
-                        pool,
-                        corpus,
-                        tokens,
-                        n,
-                        radix,
-                        max_n,
-                        min_count,
-                        index,
-                        ids_in,
-                        ids_out,
-                        p,
-                        scratch,
-                        progress,
-                    )
-                )
+                args = (n, radix, max_n, min_count, index, ids_in, ids_out, p, scratch, progress)
+                levels.append(_one_pass(pool, tokens, *args))
                 if ids_in is not None:
                     ids_in.close()
                 ids_in, ids_out = ids_out, None
@@ -193,29 +178,17 @@ def _count(corpus, max_n, min_count, radix, p, scratch, progress) -> list[Level]
 
 
 def _one_pass(
-    pool,
-    corpus,
-    tokens,
-    n,
-    radix,
-    max_n,
-    min_count,
-    index,
-    ids_in,
-    ids_out,
-    p,
-    scratch,
-    progress,
+    pool, tokens, n, radix, max_n, min_count, index, ids_in, ids_out, p, scratch, progress
 ) -> Level:
     """Scan the corpus in chunks into partitions of candidate codes, then count each partition."""
-    n_tok = corpus.num_tokens
+    n_tok = tokens.corpus.num_tokens
     layout = Layout.for_pass((radix if n == 2 else index.capacity) * radix, p.partitions)
     parts = (
         outofcore.MemoryPartitions(layout.parts, layout.dtype)
         if p.mode == "memory"
         else outofcore.DiskPartitions(layout.parts, layout.dtype, scratch)
     )
-    job = _PassJob(corpus, tokens, n, radix, max_n, index, ids_in, ids_out, parts, layout)
+    job = _PassJob(tokens, n, radix, max_n, index, ids_in, ids_out, parts, layout)
     bar = progress_bar(
         f"count n={n}",
         total=n_tok,
@@ -279,8 +252,7 @@ def _check_memory(levels: list[Level], p: outofcore.Plan) -> None:
 class _PassJob:
     """Turn the positions [a, b) into candidate codes for pass n and hand them to partitions."""
 
-    corpus: Corpus
-    tokens: object  # outofcore.MemoryTokens or FileTokens
+    tokens: object  # outofcore.MemoryTokens or FileTokens (and their `corpus`)
     n: int
     radix: int
     max_n: int
@@ -291,42 +263,46 @@ class _PassJob:
     layout: Layout
 
     def __call__(self, a: int, b: int) -> tuple[int, int]:
+        """(positions scanned, candidates handed to the partitions)."""
         n, L, v = self.n, b - a, _U64(self.radix)
         t = self.tokens.window(a, L + self.max_n + 2)  # uint16/32 ids, widened in the kernels
-        edges = 0
+        starts_at = self.tokens.corpus.starts
         if n == 2:
-            keys, sizes = self.layout.scatter(t, t[1:], self.corpus.starts(a + 1, a + L + 1), v, L)
+            return L, self._hand_over(*self.layout.scatter(t, t[1:], starts_at(a + 1, b + 1), v, L))
+        # ids of the (n-1)-grams at a .. b - 1: in RAM straight into the id array
+        window = self.ids_out.window(a, L) if self.ids_out is not None else None
+        ids = window if window is not None else np.empty(L, np.int32)
+        if n == 3:
+            prefix, starts = t, starts_at(a + 1, b + 2)
         else:
-            # ids of the (n-1)-grams at a .. b - 1: in RAM straight into the id array
-            window = self.ids_out.window(a, L) if self.ids_out is not None else None
-            ids = window if window is not None else np.empty(L, np.int32)
-            if n == 3:
-                prefix, starts = t, self.corpus.starts(a + 1, a + L + 2)
-            else:
-                prefix, starts = self.ids_in.read(a, a + L + 2), _NOT_CHECKED
-            last, follow = t[n - 2 :], t[n - 1 :]
-            keys, sizes = _ids_then_scatter(
-                self.index, prefix, last, starts, v, ids, follow, self.layout
-            )
-            if window is None and self.ids_out is not None:
-                self.ids_out.write(a, ids)
-            # The candidate at b - 1 needs the id at b too, which is the next chunk's to write:
-            # it is computed here apart and its code added as a piece of one key.
-            edge = np.empty(1, np.int32)
-            _ids(self.index, prefix[L:], last[L:], None if starts is None else starts[L:], v, edge)
-            if ids[L - 1] >= 0 and edge[0] >= 0:
-                code = int(ids[L - 1]) * self.radix + int(follow[L - 1])
-                self.parts.add(*self.layout.piece(code))
-                edges = 1
+            prefix, starts = self.ids_in.read(a, b + 2), _NOT_CHECKED
+        last, follow = t[n - 2 :], t[n - 1 :]
+        found = self._hand_over(
+            *_ids_then_scatter(self.index, prefix, last, starts, v, ids, follow, self.layout)
+        )
+        if window is None and self.ids_out is not None:
+            self.ids_out.write(a, ids)
+        # The candidate at b - 1 needs the id at b too, which is the next chunk's to write:
+        # it is probed here into a private pair (ids[L - 1], id at b) and scattered alone.
+        edge = np.array([ids[L - 1], -1], np.int32)
+        edge_starts = None if starts is None else starts[L:]
+        _ids(self.index, prefix[L:], last[L:], edge_starts, v, edge[1:])
+        return L, found + self._hand_over(
+            *self.layout.scatter(edge, follow[L - 1 :], _NOT_CHECKED, v, 1)
+        )
+
+    def _hand_over(self, keys: np.ndarray, sizes: np.ndarray) -> int:
+        """Give keys grouped by partition (`Layout.scatter`) to the partitions; how many."""
         for q, piece in partition_pieces(keys, sizes):
             self.parts.add(q, piece)
-        return L, len(keys) + edges
+        return len(keys)
 
 
 # no document starts to check: longer n-grams inherit them from their prefix and suffix ids
 _NOT_CHECKED = None
 _NO_WEIGHTS = np.zeros(0, np.int64)  # each key counts 1
 _NO_SIZES = np.zeros(0, np.int64)  # `kernels.ids` without the next scatter's first loop
+_COUNT_ONLY = np.zeros(0, np.int64)  # `kernels.runs` with no outputs: how many it would keep
 
 
 def shard_candidates(
@@ -444,12 +420,6 @@ class Layout:
         total = kernels.scatter(prefix, last, starts, v, self.hmask, _U64(self.shift), keys, sizes)
         return keys[:total], sizes
 
-    def piece(self, code: int) -> tuple[int, np.ndarray]:
-        """(partition, its stored key) of one candidate code, as `scatter` would store it."""
-        h = code * int(kernels.MIX) & ((1 << self.bits) - 1)
-        stored = h & 0xFFFFFFFF if self.dtype is np.uint32 else h
-        return h >> self.shift, np.array([stored], self.dtype)
-
     @property
     def hmask(self) -> np.uint64:
         return _U64((1 << self.bits) - 1)
@@ -505,7 +475,7 @@ def _counted(k: np.ndarray, min_count: int, weights: np.ndarray = _NO_WEIGHTS):
     benchmark's partitions, where the radix sort it replaces took ~8."""
     if not len(weights):
         k.sort()
-    m = kernels.kept_runs(k, weights, min_count)
+    m = kernels.runs(k, weights, min_count, k[:0], _COUNT_ONLY)  # to size the outputs
     keys, counts = np.empty(m + 1, k.dtype), np.empty(m + 1, np.int64)
     kernels.runs(k, weights, min_count, keys, counts)
     return keys[:m], counts[:m]

@@ -159,41 +159,30 @@ def _part(h, shift):
 
 
 @_jit
-def kept_runs(k, weights, min_count):
-    """How many distinct keys of sorted `k` reach min_count (`runs`' return value), so that
-    its outputs can be allocated at their exact size: a second read of keys that are still
-    in cache costs less than first-touching outputs as long as `k`."""
-    n = len(k)
-    if n == 0:
-        return 0
-    weighted = len(weights) > 0
-    m = 0
-    c = weights[0] if weighted else 1
-    for i in range(1, n):
-        end = k[i] != k[i - 1]
-        m += end & (c >= min_count)
-        c = (0 if end else c) + (weights[i] if weighted else 1)
-    return m + (c >= min_count)
-
-
-@_jit
 def runs(k, weights, min_count, out_keys, counts):
     """Run-length count sorted keys: the distinct keys of `k` whose count (their number, or
     the sum of their `weights` when weights are given) is >= min_count go to out_keys, their
     counts to `counts`. Returns how many. Branch-free: every run end is written, and kept
-    by advancing the output index (so the outputs need one slot more than are kept)."""
+    by advancing the output index (so the outputs need one slot more than are kept).
+
+    With empty outputs it only counts them, so that callers can allocate them at their exact
+    size: a second read of keys still in cache costs less than first-touching outputs as
+    long as `k` (the test is the same every iteration, so the compiled loop is split on it)."""
     n = len(k)
     if n == 0:
         return 0
+    store = len(out_keys) > 0
     weighted = len(weights) > 0
     m = 0
     c = weights[0] if weighted else 1
     for i in range(1, n):
         end = k[i] != k[i - 1]
-        out_keys[m] = k[i - 1]
-        counts[m] = c
+        if store:
+            out_keys[m] = k[i - 1]
+            counts[m] = c
         m += end & (c >= min_count)
         c = (0 if end else c) + (weights[i] if weighted else 1)
-    out_keys[m] = k[n - 1]
-    counts[m] = c
+    if store:
+        out_keys[m] = k[n - 1]
+        counts[m] = c
     return m + (c >= min_count)

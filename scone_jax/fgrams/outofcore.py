@@ -111,6 +111,7 @@ class MemoryTokens:
     in RAM mode a chunk's window is a view, not a fresh copy (and its page faults) per pass."""
 
     def __init__(self, corpus, pad: int):
+        self.corpus = corpus
         t = corpus.read(0, corpus.num_tokens)
         self.arr = np.concatenate([t, np.zeros(pad, t.dtype)])
 

@@ -34,8 +34,8 @@ def test_counts_equal_brute_force_on_random_corpora(rng):
 @pytest.mark.parametrize("workers", [1, 3])
 def test_many_small_chunks_equal_brute_force(rng, monkeypatch, workers):
     """Chunks of a few tokens, in RAM and on disk: chunk edges fall inside documents and
-    n-grams, neighbouring chunks share their look-ahead id (`MemoryIds.target`) and every
-    partition is joined from many pieces."""
+    n-grams, every chunk's last candidate needs the next chunk's first id (`_PassJob` probes
+    it apart) and every partition is joined from many pieces."""
     for _ in range(15):
         docs = random_docs(rng)
         if not sum(map(len, docs)):
