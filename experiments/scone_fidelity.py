@@ -9,7 +9,9 @@ the gain over the same-family baseline, and each point's training FLOPs.
     python experiments/scone_fidelity.py report [--out runs/fidelity] [--results experiments/results/fidelity]
 
 Corpora: `embedded` (the standard library's docstrings, on every install), `wikitext`
-(WikiText-2 valid and test), `shakespeare` (tiny Shakespeare), `libdocs` (the docstrings of the
+(WikiText-2 valid and test), `wikitext_valid` (the valid split alone: about as small as tiny
+Shakespeare, so 1500 steps repeat it 8 times; the corpus settings for repeated text are picked
+on it, not on Shakespeare), `shakespeare` (tiny Shakespeare), `libdocs` (the docstrings of the
 installed numpy and matplotlib, text nobody on the project wrote), `vimdocs` (2 MB of Vim's
 help files from Debian's vim-runtime: small, so 1500 steps train it for several epochs). All
 but the first are read from ../shared/data or the environment and are skipped with a note
@@ -58,40 +60,48 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "tiny_scone_shuffled": ("tiny_scone", ["fgrams.permute_rows=true"]),
     "tiny_llama": ("tiny_llama", []),
     "tiny_llama_w2": ("tiny_llama", ["model.d_model=184"]),
-    "tiny_llama_scone": ("tiny_llama_scone", []),  # a 0.5x f-gram model
+    "tiny_llama_scone": ("tiny_llama_scone", []),  # a 0.5x f-gram model, S = 80K
     "tiny_llama_scone_shuffled": ("tiny_llama_scone", ["fgrams.permute_rows=true"]),
-    # the llama preset's earlier 1x f-gram model, and the control measured with it
-    "tiny_llama_scone_1x": ("tiny_llama_scone", ["fgrams.model_size=1x"]),
-    "tiny_llama_scone_1x_shuffled": (
-        "tiny_llama_scone",
-        ["fgrams.model_size=1x", "fgrams.permute_rows=true"],
-    ),
 }
 for size in ("0.5x", "2x", "3x"):
     VARIANTS[f"tiny_scone_{size}"] = ("tiny_scone", [f"fgrams.model_size={size}"])
-for size in ("2x", "3x"):
-    VARIANTS[f"tiny_llama_scone_{size}"] = ("tiny_llama_scone", [f"fgrams.model_size={size}"])
-# an f-gram model about twice the 1x one's parameters by width instead of depth (projections in
-# and out of the backbone's d 128)
-VARIANTS["tiny_llama_scone_w2"] = (
+
+# llama variants measured before its preset took S = 80K (2026-12-03): each keeps S = 20K
+LLAMA_S20K: dict[str, list[str]] = {
+    "tiny_llama_scone_s20k": [],  # the preset until then
+    "tiny_llama_scone_s20k_shuffled": ["fgrams.permute_rows=true"],
+    # the llama preset's earlier 1x f-gram model, and the control measured with it
+    "tiny_llama_scone_1x": ["fgrams.model_size=1x"],
+    "tiny_llama_scone_1x_shuffled": ["fgrams.model_size=1x", "fgrams.permute_rows=true"],
+    "tiny_llama_scone_2x": ["fgrams.model_size=2x"],
+    "tiny_llama_scone_3x": ["fgrams.model_size=3x"],
+    # an f-gram model about twice the 1x one's parameters by width instead of depth
+    # (projections in and out of the backbone's d 128)
+    "tiny_llama_scone_w2": ["fgrams.model_size=1x", "fgrams.d_model=184", "fgrams.n_heads=4"],
+    # fewer, more frequent f-grams, a shorter K, f-gram dropout (a share of matched training
+    # positions fed without their f-gram): for corpora that training repeats many times
+    "tiny_llama_scone_m6": ["fgrams.min_count=6"],
+    "tiny_llama_scone_m12": ["fgrams.min_count=12"],
+    "tiny_llama_scone_k3": ["fgrams.max_n=3"],
+    "tiny_llama_scone_drop0.1": ["fgrams.drop_rate=0.1"],
+    "tiny_llama_scone_drop0.3": ["fgrams.drop_rate=0.3"],
+    # the presets' earlier recipe (20 warmup steps, not 100, and llama's 1x f-gram model)
+    "tiny_llama_scone_warmup20": ["fgrams.model_size=1x", "optim.warmup_steps=20"],
+}
+for name, overrides in LLAMA_S20K.items():
+    VARIANTS[name] = ("tiny_llama_scone", ["fgrams.num_fgrams=20000", *overrides])
+# how many f-grams (min count 3): S = 80K is the preset; on the small corpora it keeps every
+# f-gram seen 3 times (58-64K)
+for size in (5, 40):
+    VARIANTS[f"tiny_llama_scone_s{size}k"] = ("tiny_llama_scone", [f"fgrams.num_fgrams={size}000"])
+# every f-gram seen twice or more
+VARIANTS["tiny_llama_scone_m2_all"] = (
     "tiny_llama_scone",
-    ["fgrams.model_size=1x", "fgrams.d_model=184", "fgrams.n_heads=4"],
+    ["fgrams.num_fgrams=1000000", "fgrams.min_count=2"],
 )
-# fewer, more frequent f-grams for corpora that training repeats many times
-for m in (6, 12):
-    VARIANTS[f"tiny_llama_scone_m{m}"] = ("tiny_llama_scone", [f"fgrams.min_count={m}"])
-VARIANTS["tiny_llama_scone_s5k"] = ("tiny_llama_scone", ["fgrams.num_fgrams=5000"])
-# f-gram dropout: a share of matched training positions fed without their f-gram
-for rate in ("0.1", "0.3"):
-    VARIANTS[f"tiny_llama_scone_drop{rate}"] = ("tiny_llama_scone", [f"fgrams.drop_rate={rate}"])
-# the presets' earlier recipe (20 warmup steps, not 100, and llama's 1x f-gram model), each
-# against its own baseline
+# the earlier recipe's baselines, each SCONE variant ending in _warmup20 against its own
 for name in ("tiny", "tiny_scone", "tiny_llama"):
     VARIANTS[f"{name}_warmup20"] = (name, ["optim.warmup_steps=20"])
-VARIANTS["tiny_llama_scone_warmup20"] = (
-    "tiny_llama_scone",
-    ["fgrams.model_size=1x", "optim.warmup_steps=20"],
-)
 VARIANTS["tiny_lr1.5e-3_warmup20"] = ("tiny", ["optim.lr=1.5e-3", "optim.warmup_steps=20"])
 
 
@@ -113,6 +123,9 @@ def corpus_args(name: str, work: Path) -> list[str] | None:
             "--doc-split",
             "blank_line",
         ]
+    if name == "wikitext_valid":  # the valid split alone: as small as Shakespeare, other text
+        path = SHARED / "wikitext-2" / "valid.txt"
+        return ["--corpus", str(path), "--doc-split", "blank_line"] if path.is_file() else None
     if name == "shakespeare":
         path = SHARED / "tinyshakespeare" / "input.txt"
         return ["--corpus", str(path), "--doc-split", "blank_line"] if path.is_file() else None
@@ -130,7 +143,8 @@ def corpus_args(name: str, work: Path) -> list[str] | None:
             write_text_files(out, files, max_bytes=2_000_000)
         return ["--corpus", str(out)]
     raise SystemExit(
-        f"unknown corpus {name!r} (expected embedded, wikitext, shakespeare, libdocs or vimdocs)"
+        f"unknown corpus {name!r} (expected embedded, wikitext, wikitext_valid, shakespeare, "
+        "libdocs or vimdocs)"
     )
 
 
