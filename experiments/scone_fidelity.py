@@ -110,12 +110,23 @@ def baseline_of(variant: str) -> str:
     return family + ("_warmup20" if variant.endswith("_warmup20") else "")
 
 
+# plain-text corpora under ../shared/data, cut into documents at blank lines; WikiText-2's
+# train split is not on these machines, so `wikitext` is valid + test and `wikitext_valid` the
+# valid split alone (as small as Shakespeare, other text)
+SHARED_TEXT = {
+    "wikitext": ("wikitext-2/valid.txt", "wikitext-2/test.txt"),
+    "wikitext_valid": ("wikitext-2/valid.txt",),
+    "shakespeare": ("tinyshakespeare/input.txt",),
+}
+CORPORA = ("embedded", *SHARED_TEXT, "libdocs", "vimdocs")
+
+
 def corpus_args(name: str, work: Path) -> list[str] | None:
     """`scone-jax tokenize` arguments for a corpus, or None when it is not on this machine."""
     if name == "embedded":
         return ["--max-default-corpus-mb", "12"]
-    if name == "wikitext":  # both splits here (the train split is not on these machines)
-        paths = [SHARED / "wikitext-2" / f"{split}.txt" for split in ("valid", "test")]
+    if name in SHARED_TEXT:
+        paths = [SHARED / rel for rel in SHARED_TEXT[name]]
         if not all(p.is_file() for p in paths):
             return None
         return [
@@ -123,12 +134,6 @@ def corpus_args(name: str, work: Path) -> list[str] | None:
             "--doc-split",
             "blank_line",
         ]
-    if name == "wikitext_valid":  # the valid split alone: as small as Shakespeare, other text
-        path = SHARED / "wikitext-2" / "valid.txt"
-        return ["--corpus", str(path), "--doc-split", "blank_line"] if path.is_file() else None
-    if name == "shakespeare":
-        path = SHARED / "tinyshakespeare" / "input.txt"
-        return ["--corpus", str(path), "--doc-split", "blank_line"] if path.is_file() else None
     if name == "libdocs":
         out = work / "libdocs.jsonl"
         if not out.is_file():
@@ -142,10 +147,7 @@ def corpus_args(name: str, work: Path) -> list[str] | None:
                 return None
             write_text_files(out, files, max_bytes=2_000_000)
         return ["--corpus", str(out)]
-    raise SystemExit(
-        f"unknown corpus {name!r} (expected embedded, wikitext, wikitext_valid, shakespeare, "
-        "libdocs or vimdocs)"
-    )
+    raise SystemExit(f"unknown corpus {name!r} (expected one of {', '.join(CORPORA)})")
 
 
 def write_text_files(out: Path, files: list[Path], max_bytes: int) -> None:
