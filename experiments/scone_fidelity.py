@@ -94,6 +94,19 @@ for name, overrides in LLAMA_S20K.items():
 # f-gram seen 3 times (58-64K)
 for size in (5, 40):
     VARIANTS[f"tiny_llama_scone_s{size}k"] = ("tiny_llama_scone", [f"fgrams.num_fgrams={size}000"])
+# a narrower f-gram model (projections in and out of the backbone's d 128), since a wider one
+# lost (tiny_llama_scone_w2)
+for width in (64, 96):
+    VARIANTS[f"tiny_llama_scone_d{width}"] = (
+        "tiny_llama_scone",
+        [f"fgrams.d_model={width}", "fgrams.n_heads=2"],
+    )
+# the f-gram model's learning rate as a multiple of the backbone's
+for scale in ("0.3", "3"):
+    VARIANTS[f"tiny_llama_scone_flr{scale}"] = (
+        "tiny_llama_scone",
+        [f"optim.fgram_lr_scale={scale}"],
+    )
 # every f-gram seen twice or more
 VARIANTS["tiny_llama_scone_m2_all"] = (
     "tiny_llama_scone",

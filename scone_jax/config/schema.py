@@ -275,6 +275,7 @@ class OptimConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0  # 0 = no clipping
+    fgram_lr_scale: float = 1.0  # the f-gram model's learning rate as a multiple of `lr`
 
     def validate(self) -> None:
         _check(self.lr > 0, f"optim.lr={self.lr} (expected > 0)")
@@ -288,6 +289,10 @@ class OptimConfig:
             f"optim betas ({self.beta1}, {self.beta2}) (expected in [0, 1))",
         )
         _check(self.grad_clip >= 0, f"optim.grad_clip={self.grad_clip} (expected >= 0)")
+        _check(
+            self.fgram_lr_scale > 0,
+            f"optim.fgram_lr_scale={self.fgram_lr_scale} (expected > 0)",
+        )
 
 
 @dataclass

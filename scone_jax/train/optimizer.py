@@ -33,6 +33,13 @@ def decay_mask(params):
     return jax.tree_util.tree_map_with_path(decays, params)
 
 
+def fgram_mask(params):
+    """True for the f-gram model's parameters (the top-level `fgram` subtree), gate included."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: str(getattr(path[0], "key", path[0])) == "fgram", params
+    )
+
+
 def make_optimizer(
     cfg: OptimConfig, total_steps: int
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -50,4 +57,6 @@ def make_optimizer(
             mask=decay_mask,
         )
     )
+    if cfg.fgram_lr_scale != 1.0:
+        chain.append(optax.masked(optax.scale(cfg.fgram_lr_scale), fgram_mask))
     return optax.chain(*chain), schedule

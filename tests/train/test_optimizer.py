@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from scone_jax.config import OptimConfig
+from scone_jax.errors import UserError
 from scone_jax.model.stack import stack_layers
 from scone_jax.train.optimizer import decay_mask, lr_schedule, make_optimizer
 
@@ -117,3 +118,34 @@ def test_the_real_models_decay_their_random_matrices_and_nothing_else(family, sc
         if flat_mask[path] == bool(jnp.all(p == p.ravel()[0]))
     }
     assert not wrong, f"decay mask wrong for {wrong}"
+
+
+def test_fgram_lr_scale_multiplies_the_fgram_models_updates_and_no_others(rng):
+    """AdamW's update is elementwise, so scaling the f-gram model's learning rate must scale its
+    updates by exactly that factor, weight decay included, and leave the backbone's unchanged."""
+    scale = float(rng.uniform(0.1, 4.0))
+    base = OptimConfig(lr=float(rng.uniform(1e-4, 1e-2)), warmup_steps=0, grad_clip=0.0)
+    params = {
+        "backbone": {"embed": rng.normal(size=(5, 3)), "norm": rng.normal(size=3)},
+        "fgram": {"w": rng.normal(size=(3, 4)), "output_gate": rng.normal(size=3)},
+    }
+    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+    grads = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), jnp.float32), params)
+
+    def first_update(cfg):
+        tx, _ = make_optimizer(cfg, total_steps=50)
+        return tx.update(grads, tx.init(params), params)[0]
+
+    plain = first_update(base)
+    scaled = first_update(OptimConfig(**{**vars(base), "fgram_lr_scale": scale}))
+    for key in ("backbone", "fgram"):
+        factor = scale if key == "fgram" else 1.0
+        for got, want in zip(
+            jax.tree.leaves(scaled[key]), jax.tree.leaves(plain[key]), strict=True
+        ):
+            np.testing.assert_allclose(np.asarray(got), factor * np.asarray(want), rtol=1e-5)
+
+
+def test_fgram_lr_scale_must_be_positive():
+    with pytest.raises(UserError, match=r"optim.fgram_lr_scale=0"):
+        OptimConfig(fgram_lr_scale=0.0).validate()
