@@ -11,7 +11,7 @@ import pytest
 from scone_jax.config import OptimConfig
 from scone_jax.errors import UserError
 from scone_jax.model.stack import stack_layers
-from scone_jax.train.optimizer import decay_mask, lr_schedule, make_optimizer
+from scone_jax.train.optimizer import decay_mask, fgram_mask, lr_schedule, make_optimizer
 
 
 def closed_form_lr(cfg: OptimConfig, total: int, step: int) -> float:
@@ -118,6 +118,11 @@ def test_the_real_models_decay_their_random_matrices_and_nothing_else(family, sc
         if flat_mask[path] == bool(jnp.all(p == p.ravel()[0]))
     }
     assert not wrong, f"decay mask wrong for {wrong}"
+    # the f-gram learning-rate scale finds the real model's f-gram parameters, and only them
+    assert set(params) == {"backbone", "fgram"}
+    in_fgram = dict(jax.tree_util.tree_leaves_with_path(fgram_mask(params)))
+    assert in_fgram.keys() == flat_params.keys()
+    assert all(on == (path[0].key == "fgram") for path, on in in_fgram.items())
 
 
 def test_fgram_lr_scale_multiplies_the_fgram_models_updates_and_no_others(rng):
