@@ -148,6 +148,7 @@ def _count(corpus, max_n, min_count, radix, p, scratch, progress) -> list[Level]
     else:
         tokens = outofcore.FileTokens(corpus)
     with ThreadPoolExecutor(p.workers) as pool:
+        run = _CountRun(pool, tokens, radix, max_n, min_count, p, scratch, progress)
         try:
             for n in range(2, max_n + 1):
                 if n >= 3 and not len(levels[-1].codes):
@@ -165,8 +166,7 @@ def _count(corpus, max_n, min_count, radix, p, scratch, progress) -> list[Level]
                         if p.mode == "memory"
                         else outofcore.DiskIds(n_tok, scratch)
                     )
-                args = (n, radix, max_n, min_count, index, ids_in, ids_out, p, scratch, progress)
-                levels.append(_one_pass(pool, tokens, *args))
+                levels.append(_one_pass(run, n, index, ids_in, ids_out))
                 if ids_in is not None:
                     ids_in.close()
                 ids_in, ids_out = ids_out, None
@@ -177,29 +177,42 @@ def _count(corpus, max_n, min_count, radix, p, scratch, progress) -> list[Level]
     return levels
 
 
-def _one_pass(
-    pool, tokens, n, radix, max_n, min_count, index, ids_in, ids_out, p, scratch, progress
-) -> Level:
+@dataclass(frozen=True)
+class _CountRun:
+    """What every pass of one count shares: its workers, tokens, key radix, limits and plan."""
+
+    pool: ThreadPoolExecutor
+    tokens: object  # outofcore.MemoryTokens or FileTokens (and their `corpus`)
+    radix: int
+    max_n: int
+    min_count: int
+    plan: outofcore.Plan
+    scratch: str | None  # the disk plan's scratch folder
+    progress: bool
+
+
+def _one_pass(run: _CountRun, n: int, index, ids_in, ids_out) -> Level:
     """Scan the corpus in chunks into partitions of candidate codes, then count each partition."""
-    n_tok = tokens.corpus.num_tokens
+    p, radix, pool = run.plan, run.radix, run.pool
+    n_tok = run.tokens.corpus.num_tokens
     layout = Layout.for_pass((radix if n == 2 else index.capacity) * radix, p.partitions)
     parts = (
         outofcore.MemoryPartitions(layout.parts, layout.dtype)
         if p.mode == "memory"
-        else outofcore.DiskPartitions(layout.parts, layout.dtype, scratch)
+        else outofcore.DiskPartitions(layout.parts, layout.dtype, run.scratch)
     )
-    job = _PassJob(tokens, n, radix, max_n, index, ids_in, ids_out, parts, layout)
+    job = _PassJob(run.tokens, n, radix, run.max_n, index, ids_in, ids_out, parts, layout)
     bar = progress_bar(
         f"count n={n}",
         total=n_tok,
         unit="tok",
         unit_scale=True,
-        disable=not progress,
+        disable=not run.progress,
         leave=False,
     )
 
     def count_part(q: int):
-        return _count_partition(parts.take(q, p.partition_limit), min_count, layout.base(q))
+        return _count_partition(parts.take(q, p.partition_limit), run.min_count, layout.base(q))
 
     try:
         with bar:  # off a terminal, a "done" line only when the pass is done
