@@ -57,6 +57,6 @@ def make_optimizer(
             mask=decay_mask,
         )
     )
-    if cfg.fgram_lr_scale != 1.0:
+    if cfg.fgram_lr_scale != 1.0:  # only then: the default state restores older checkpoints
         chain.append(optax.masked(optax.scale(cfg.fgram_lr_scale), fgram_mask))
     return optax.chain(*chain), schedule
