@@ -26,7 +26,7 @@ def decay_mask(params):
     stacks layers: it is not a matrix dimension, so a stacked norm scale is still a vector."""
 
     def decays(path, p) -> bool:
-        keys = [str(getattr(k, "key", k)) for k in path]
+        keys = _key_names(path)
         stacked = "blocks" in keys and not keys[keys.index("blocks") + 1].isdigit()
         return p.ndim - stacked >= 2 and not keys[-1].startswith("b")
 
@@ -35,9 +35,12 @@ def decay_mask(params):
 
 def fgram_mask(params):
     """True for the f-gram model's parameters (the top-level `fgram` subtree), gate included."""
-    return jax.tree_util.tree_map_with_path(
-        lambda path, _: str(getattr(path[0], "key", path[0])) == "fgram", params
-    )
+    return jax.tree_util.tree_map_with_path(lambda path, _: _key_names(path)[0] == "fgram", params)
+
+
+def _key_names(path) -> list[str]:
+    """A parameter's path in the params dict as plain names."""
+    return [str(getattr(k, "key", k)) for k in path]
 
 
 def make_optimizer(
