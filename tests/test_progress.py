@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
 from pathlib import Path
 
 import scone_jax.progress as progress
@@ -30,23 +31,32 @@ def run_with_stderr(stderr) -> None:
     subprocess.run([sys.executable, "-c", SCRIPT], stderr=stderr, env=env, check=True, timeout=60)
 
 
+def read_until_closed(fd: int, into: list[bytes]) -> None:
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # the pty's other end is closed: all read
+            return
+        if not chunk:
+            return
+        into.append(chunk)
+
+
 def test_a_terminal_gets_a_redrawn_bar():
+    """The pty is drained while the child writes: a pty buffers only a few KB, and a child
+    whose 50 redraws fill it would block forever on an unread terminal."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 24 x 100
+    chunks: list[bytes] = []
+    reader = threading.Thread(target=read_until_closed, args=(master, chunks), daemon=True)
+    reader.start()
     try:
         run_with_stderr(slave)
-        os.close(slave)
-        out = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # the pty's other end is closed: all read
-                break
-            if not chunk:
-                break
-            out += chunk
     finally:
+        os.close(slave)  # the reader then sees the pty closed and ends
+        reader.join(timeout=30)
         os.close(master)
+    out = b"".join(chunks)
     assert b"\r" in out and b"50/50" in out
 
 
