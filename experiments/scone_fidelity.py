@@ -107,6 +107,11 @@ for scale in ("0.3", "3"):
         "tiny_llama_scone",
         [f"optim.fgram_lr_scale={scale}"],
     )
+# f-gram dropout at a lower rate than section 4's, and K (the longest f-gram) either side of 5,
+# on the S = 80K preset
+VARIANTS["tiny_llama_scone_drop0.05"] = ("tiny_llama_scone", ["fgrams.drop_rate=0.05"])
+for k in (4, 8):
+    VARIANTS[f"tiny_llama_scone_k{k}"] = ("tiny_llama_scone", [f"fgrams.max_n={k}"])
 # every f-gram seen twice or more
 VARIANTS["tiny_llama_scone_m2_all"] = (
     "tiny_llama_scone",
@@ -257,7 +262,7 @@ def run_point(out: Path, dataset: Path, corpus: str, variant: str, seed: int, st
             f"train.seed={seed}",
             f"train.steps={steps}",
             f"run_dir={run_dir}",
-            log=run_dir.with_suffix(".log"),
+            log=run_dir.parent / f"{run_dir.name}.log",  # the name may hold a dot (drop0.1)
         )
     return run_dir
 
