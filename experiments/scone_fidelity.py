@@ -121,11 +121,19 @@ VARIANTS["tiny_llama_scone_m2_all"] = (
 for name in ("tiny", "tiny_scone", "tiny_llama"):
     VARIANTS[f"{name}_warmup20"] = (name, ["optim.warmup_steps=20"])
 VARIANTS["tiny_lr1.5e-3_warmup20"] = ("tiny", ["optim.lr=1.5e-3", "optim.warmup_steps=20"])
+# another held-out 5% of documents (data.seed draws the split; f-grams are counted on each
+# run's own training split): how much of a corpus's result is its one split; each SCONE
+# variant ending in _split<N> against the baseline on the same split
+for split in (1, 2):
+    for name in ("tiny_llama", "tiny_llama_scone"):
+        VARIANTS[f"{name}_split{split}"] = (name, [f"data.seed={split}"])
+
+RECIPE_SUFFIXES = ("_warmup20", "_split1", "_split2")
 
 
 def baseline_of(variant: str) -> str:
     family = "tiny_llama" if variant.startswith("tiny_llama") else "tiny"
-    return family + ("_warmup20" if variant.endswith("_warmup20") else "")
+    return family + next((s for s in RECIPE_SUFFIXES if variant.endswith(s)), "")
 
 
 # plain-text corpora under ../shared/data, cut into documents at blank lines; WikiText-2's
