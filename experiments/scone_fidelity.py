@@ -17,7 +17,8 @@ help files from Debian's vim-runtime: small, so 1500 steps train it for several 
 but the first are read from ../shared/data or the environment and are skipped with a note
 when absent.
 Each corpus is tokenized once (vocab 2048, 5% of documents held out); every run of a corpus
-shares that dataset and split, and seeds change the initialization and the data order.
+shares that dataset and split (variants ending in _split<N> hold out other documents), and
+seeds change the initialization and the data order.
 """  # noqa: E501 (the --help text, printed as is: RawDescriptionHelpFormatter)
 
 from __future__ import annotations

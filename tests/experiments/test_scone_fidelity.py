@@ -1,0 +1,58 @@
+"""The fidelity grid's bookkeeping (experiments/scone_fidelity.py): every variant is a config
+that loads, is paired with a baseline of its own family and recipe, and writes its own log."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from scone_jax.config.load import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def fidelity():
+    spec = importlib.util.spec_from_file_location(
+        "scone_fidelity", REPO / "experiments" / "scone_fidelity.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_variant_loads_and_has_a_plain_baseline_with_its_recipe(fidelity):
+    for variant, (preset, overrides) in fidelity.VARIANTS.items():
+        cfg = load_config(preset, [*fidelity.COMMON, *overrides])
+        baseline = fidelity.baseline_of(variant)
+        base_preset, base_overrides = fidelity.VARIANTS[baseline]
+        base_cfg = load_config(base_preset, [*fidelity.COMMON, *base_overrides])
+        assert not base_cfg.fgrams.enabled, (variant, baseline)
+        assert base_cfg.model.family == cfg.model.family, (variant, baseline)
+        # the same split and schedule: only the model may differ from its baseline
+        assert base_cfg.data == cfg.data, (variant, baseline)
+        if not variant.startswith("tiny_lr"):
+            assert base_cfg.optim.warmup_steps == cfg.optim.warmup_steps, (variant, baseline)
+
+
+def test_recipe_variants_pair_with_the_baseline_of_their_recipe(fidelity):
+    assert fidelity.baseline_of("tiny_llama_scone_split2") == "tiny_llama_split2"
+    assert fidelity.baseline_of("tiny_scone_warmup20") == "tiny_warmup20"
+    assert fidelity.baseline_of("tiny_llama_scone_drop0.05") == "tiny_llama"
+    assert fidelity.baseline_of("tiny_scone") == "tiny"
+
+
+def test_variants_whose_names_share_a_prefix_up_to_a_dot_keep_separate_logs(
+    fidelity, tmp_path, monkeypatch
+):
+    logs = []
+    monkeypatch.setattr(fidelity, "scone_jax", lambda *args, log: logs.append(log))
+    for variant in ("tiny_llama_scone_drop0.05", "tiny_llama_scone_drop0.1"):
+        fidelity.run_point(tmp_path, tmp_path / "data", "wikitext_valid", variant, 0, 1500)
+    assert len(set(logs)) == 2
+    assert [p.name for p in logs] == [
+        "tiny_llama_scone_drop0.05_s0_1500.log",
+        "tiny_llama_scone_drop0.1_s0_1500.log",
+    ]
