@@ -125,11 +125,12 @@ VARIANTS["tiny_lr1.5e-3_warmup20"] = ("tiny", ["optim.lr=1.5e-3", "optim.warmup_
 # another held-out 5% of documents (data.seed draws the split; f-grams are counted on each
 # run's own training split): how much of a corpus's result is its one split; each SCONE
 # variant ending in _split<N> against the baseline on the same split
-for split in (1, 2):
+SPLITS = (1, 2)
+for split in SPLITS:
     for name in ("tiny_llama", "tiny_llama_scone"):
         VARIANTS[f"{name}_split{split}"] = (name, [f"data.seed={split}"])
-
-RECIPE_SUFFIXES = ("_warmup20", "_split1", "_split2")
+# a variant ending in one of these is paired with its family's baseline of the same recipe
+RECIPE_SUFFIXES = ("_warmup20", *(f"_split{split}" for split in SPLITS))
 
 
 def baseline_of(variant: str) -> str:

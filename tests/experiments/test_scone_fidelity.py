@@ -33,8 +33,7 @@ def test_every_variant_loads_and_has_a_plain_baseline_with_its_recipe(fidelity):
         assert base_cfg.model.family == cfg.model.family, (variant, baseline)
         # the same split and schedule: only the model may differ from its baseline
         assert base_cfg.data == cfg.data, (variant, baseline)
-        if not variant.startswith("tiny_lr"):
-            assert base_cfg.optim.warmup_steps == cfg.optim.warmup_steps, (variant, baseline)
+        assert base_cfg.optim.warmup_steps == cfg.optim.warmup_steps, (variant, baseline)
 
 
 def test_recipe_variants_pair_with_the_baseline_of_their_recipe(fidelity):
