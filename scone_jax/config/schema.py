@@ -9,6 +9,7 @@ from scone_jax.errors import UserError
 FAMILIES = ("gpt2", "llama")
 DTYPES = ("float32", "bfloat16")
 COMBINE_RULES = ("replace", "add", "gated")
+DROP_TARGETS = ("none", "suffix")
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 REMAT_POLICY_NAMES = ("none", "dots", "block")  # model/stack.py says what each keeps
 
@@ -119,10 +120,15 @@ class FgramConfig:
         "gated"  # gated (add through a zero-initialized learned gain) | add | replace (the paper)
     )
     dedup: bool = True  # compute each distinct f-gram of a batch once
+    # F reads T's rows without sending gradients back to T (the paper trains T through both paths)
+    detach_table: bool = False
     # share of matched training positions fed without their f-gram (a fresh draw per step and
     # position; evaluation and export use every match): a regularizer for text that training
     # repeats many times
     drop_rate: float = 0.0
+    # what a dropped position is fed: none (T's row alone) | suffix (the row of its f-gram's
+    # longest proper suffix in the set, none for a 2-gram: backoff to a shorter context)
+    drop_to: str = "none"
     capacity: int = (
         0  # f-gram model node slots per data shard (whole blocks) before they grow; 0 = calibrate
     )
@@ -146,6 +152,10 @@ class FgramConfig:
         _check(
             0.0 <= self.drop_rate < 1.0,
             f"fgrams.drop_rate={self.drop_rate} (expected 0 <= rate < 1)",
+        )
+        _check(
+            self.drop_to in DROP_TARGETS,
+            f"fgrams.drop_to={self.drop_to!r} (expected one of {DROP_TARGETS})",
         )
         _check(
             self.block_size >= self.max_n,

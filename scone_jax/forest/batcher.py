@@ -35,6 +35,8 @@ class FgramBatcher:
     output_capacity: int = 0  # calibrated output slots per group
     dedup: bool = True
     groups: int = 1  # one per data shard of this host's batch
+    # [S] the f-gram a position dropped by `fgram_keep` takes instead (-1 = none, the default)
+    backoff_ids: np.ndarray | None = None
 
     @property
     def max_n(self) -> int:
@@ -72,10 +74,17 @@ class FgramBatcher:
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Add `forest` (a ForestBatch) and the host-only `fgram_ids` and `fgram_stats`.
-        Positions where the batch's `fgram_keep` mask (if any) is False count as unmatched."""
+        Positions where the batch's `fgram_keep` mask (if any) is False take their f-gram's
+        backoff (`backoff_ids`), or count as unmatched."""
         ids = np.asarray(self.tag_ids[batch["positions"]], dtype=np.int64)
+        lengths = np.asarray(self.tag_lengths[batch["positions"]])
         if "fgram_keep" in batch:
-            ids = np.where(batch["fgram_keep"], ids, -1)
+            dropped = ~batch["fgram_keep"] & (ids >= 0)
+            if self.backoff_ids is None:
+                ids = np.where(dropped, -1, ids)
+            else:
+                ids = np.where(dropped, self.backoff_ids[np.maximum(ids, 0)], ids)
+                lengths = np.where(dropped, self.fgram_lengths[np.maximum(ids, 0)], lengths)
         matched = ids >= 0
         forest, rows, row_of_position = self.forest(ids)
         layout = forest_layout(
@@ -92,11 +101,7 @@ class FgramBatcher:
             "distinct_ratio": (len(rows) if self.dedup else len(np.unique(rows))) / n_matched
             if n_matched
             else 0.0,
-            "mean_match_length": float(
-                np.asarray(self.tag_lengths[batch["positions"]])[matched].mean()
-            )
-            if n_matched
-            else 0.0,
+            "mean_match_length": float(lengths[matched].mean()) if n_matched else 0.0,
             "fgram_nodes": len(forest.tokens),
             "fgram_positions": int(layout.tokens.size),
             "fgram_outputs": int(layout.outputs.size),

@@ -28,15 +28,17 @@ class SconeModel(nnx.Module):
             fgram_cfg.model_config(cfg), cfg.d_model, gated=fgram_cfg.combine == "gated", rngs=rngs
         )
         self.combine = fgram_cfg.combine
+        self.detach_table = fgram_cfg.detach_table
 
     def input_embeddings(
         self, tokens, fgram_index, fgram_nodes, fgram_paths, fgram_outputs
     ) -> jax.Array:
         """T(s_i), with the f-gram embedding replacing or added to it where a match exists."""
         x = self.backbone.embed(tokens)
-        outputs = self.fgram.forest(
-            self.backbone.table_rows(fgram_nodes), fgram_paths, fgram_outputs
-        ).astype(x.dtype)
+        rows_in = self.backbone.table_rows(fgram_nodes)
+        if self.detach_table:
+            rows_in = jax.lax.stop_gradient(rows_in)
+        outputs = self.fgram.forest(rows_in, fgram_paths, fgram_outputs).astype(x.dtype)
         rows = outputs.reshape(-1, outputs.shape[-1])
         matched = (fgram_index >= 0)[..., None]
         gathered = constrain(

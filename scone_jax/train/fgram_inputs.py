@@ -152,6 +152,7 @@ def prepare_fgram_inputs(
         dedup=cfg.dedup,
         groups=groups,
         capacity=round_up(-(-cfg.capacity // cfg.block_size), granule),
+        backoff_ids=fgram_set.backoff_ids() if cfg.drop_to == "suffix" else None,
     )
     return FgramInputs(
         fgram_set=fgram_set,

@@ -99,3 +99,20 @@ def test_an_unresolvable_collision_is_refused(monkeypatch, small_set):
     )
     with pytest.raises(KeyCollisionError, match="collide"):
         select_fgrams(corpus_of(docs, vocab_size=5), 4, 40, 2, progress=False)
+
+
+def test_backoff_ids_are_each_fgrams_longest_proper_suffix_in_the_set(rng):
+    seed = int(rng.integers(2**31))
+    print("seed", seed)
+    local = np.random.default_rng(seed)
+    docs = [local.integers(0, 4, int(local.integers(100, 400))) for _ in range(6)]
+    fs = select_fgrams(corpus_of(docs, vocab_size=4), 5, 60, 2, progress=False)
+    by_tokens = {fs.fgram(i): i for i in range(fs.num_fgrams)}
+    want = []
+    for i in range(fs.num_fgrams):
+        w = fs.fgram(i)
+        suffixes = (w[cut:] for cut in range(1, len(w) - 1))
+        want.append(next((by_tokens[s] for s in suffixes if s in by_tokens), -1))
+    got = fs.backoff_ids()
+    assert got.tolist() == want
+    assert (got >= 0).any() and (got[fs.lengths == 2] == -1).all()

@@ -97,3 +97,47 @@ def test_the_input_is_the_token_plus_the_gated_fgram_embedding(family, rng):
     np.testing.assert_allclose(got[~matched], tokens[~matched], rtol=0, atol=0)
     np.testing.assert_allclose(got[matched], tokens[matched] + alone, rtol=1e-4, atol=1e-5)
     assert np.abs(alone).mean() > 0.1  # the gate is on: F contributes
+
+
+def test_a_detached_table_takes_gradients_from_the_backbones_path_alone(rng):
+    """`fgrams.detach_table`: the same loss, and T's gradient is what it would be if F read a
+    frozen copy of T; without it the f-gram path's gradient reaches T too (the paper's rule)."""
+    seed = int(rng.integers(1 << 30))
+    print(f"seed {seed}")
+    batch, _, _ = scone_batch(rng)
+    family = "llama"  # the rule lives in SconeModel, the same for every family
+    gate = jnp.asarray(rng.normal(size=BACKBONE[family].d_model).astype(np.float32))
+    grads, losses = {}, {}
+    for detach in (False, True):
+        model = SconeModel(
+            BACKBONE[family],
+            FgramConfig(enabled=True, max_n=K, combine="gated", detach_table=detach),
+            VOCAB,
+            rngs=nnx.Rngs(seed),
+        )
+        model.fgram.output_gate[...] = gate
+        graphdef, params = nnx.split(model)
+        losses[detach], grads[detach] = jax.value_and_grad(loss_fn(graphdef, batch))(params)
+
+    forest = {k: jnp.asarray(v) for k, v in batch["forest"].arrays().items()}
+    inputs, targets = jnp.asarray(batch["inputs"]), jnp.asarray(batch["targets"])
+
+    def frozen_copy_loss(params, table):
+        m = nnx.merge(graphdef, params)
+        x = m.backbone.embed(inputs)
+        nodes = jnp.take(table, forest["fgram_nodes"], axis=0)
+        out = m.fgram.forest(nodes, forest["fgram_paths"], forest["fgram_outputs"])
+        rows = out.reshape(-1, out.shape[-1]).astype(x.dtype)
+        index = forest["fgram_index"]
+        x = x + jnp.where((index >= 0)[..., None], jnp.take(rows, jnp.maximum(index, 0), 0), 0)
+        logits = m.backbone.logits(m.backbone.hidden(x))
+        return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+
+    table = params["backbone"]["embed_table"][...]
+    want = jax.grad(frozen_copy_loss)(params, table)
+    assert float(losses[True]) == pytest.approx(float(losses[False]), rel=1e-6)
+    for got, ref in zip(jax.tree.leaves(grads[True]), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-5, atol=1e-7)
+    t_paper = np.asarray(grads[False]["backbone"]["embed_table"][...])
+    t_detached = np.asarray(grads[True]["backbone"]["embed_table"][...])
+    assert np.abs(t_paper - t_detached).max() > 1e-4 * np.abs(t_detached).max()

@@ -50,6 +50,27 @@ def test_dropped_positions_are_unmatched_and_their_fgrams_leave_the_forest(rng):
         np.testing.assert_array_equal(got, want)
 
 
+def test_backoff_feeds_a_dropped_position_its_fgrams_backoff_and_keeps_the_rest(rng):
+    size, num_tokens = 50, 400
+    tokens, lengths = random_fgram_set(rng, size)
+    batch, tag_ids, tag_lengths = random_batch(rng, 8, num_tokens, size)
+    batch["step"] = int(rng.integers(1000))
+    backoff = np.where(rng.random(size) < 0.5, -1, rng.integers(0, size, size))  # or none
+    batcher = FgramBatcher(tag_ids, tag_lengths, tokens, lengths, block=K, backoff_ids=backoff)
+    dropping = FgramDropout(batcher, rate=0.4, seed=int(rng.integers(2**31)))
+    dropping.calibrate([batch])
+    out = dropping(batch)
+
+    tags = tag_ids[batch["positions"]]
+    keep = keep_mask(batch["positions"], batch["step"], 0.4, dropping.seed)
+    want = np.where(keep | (tags < 0), tags, backoff[np.maximum(tags, 0)])
+    assert (~keep & (tags >= 0) & (want >= 0)).any() and (~keep & (tags >= 0) & (want < 0)).any()
+    assert out["fgram_ids"].tolist() == want.tolist()
+    assert ((out["forest"].index >= 0) == (want >= 0)).all()
+    fed = np.where(keep | (tags < 0), tag_lengths[batch["positions"]], lengths[np.maximum(want, 0)])
+    assert np.isclose(out["fgram_stats"]["mean_match_length"], fed[want >= 0].mean())
+
+
 def test_dropout_in_microbatches_drops_the_same_positions_as_the_whole_batch(rng):
     size, num_tokens, microbatches = 60, 500, 4
     tokens, lengths = random_fgram_set(rng, size)

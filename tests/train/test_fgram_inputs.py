@@ -63,3 +63,34 @@ def test_fgram_dropout_thins_the_training_stream_and_leaves_evaluation_whole(
         kept += int((trained >= 0).sum())
         dropped += int(((whole >= 0) & (trained == -1)).sum())
     assert abs(dropped / (kept + dropped) - 0.5) < 0.05
+
+
+def test_backoff_dropout_feeds_the_longest_suffix_in_the_set_to_the_training_stream(
+    markov_dataset, tmp_path, rng
+):
+    train_ids, _ = split_documents(markov_dataset.num_docs, 0.0, 0)
+    cfg = FgramConfig(
+        enabled=True, max_n=4, num_fgrams=500, min_count=2, drop_rate=0.5, drop_to="suffix"
+    )
+    fgrams = prepare_fgram_inputs(
+        cfg,
+        markov_dataset,
+        train_ids,
+        tmp_path / "run",
+        64,
+        groups=1,
+        progress=False,
+        seed=int(rng.integers(2**31)),
+    )
+    backoff = fgrams.fgram_set.backoff_ids()
+    source = WindowSource(markov_dataset, train_ids, 16)
+    stream = BatchStream(source, 8, seed=0, transform=fgrams.train_transform())
+    fgrams.train_transform().calibrate(stream.raw_batch(k) for k in range(4))
+    backed_off = 0
+    for step in range(20):
+        trained = stream.batch(step)["fgram_ids"]
+        whole = fgrams.transform()(stream.raw_batch(step))["fgram_ids"]
+        fallback = np.where(whole >= 0, backoff[np.maximum(whole, 0)], -1)
+        assert ((trained == whole) | (trained == fallback)).all()
+        backed_off += int(((trained != whole) & (trained >= 0)).sum())
+    assert backed_off > 0
