@@ -113,6 +113,15 @@ for scale in ("0.3", "3"):
 VARIANTS["tiny_llama_scone_drop0.05"] = ("tiny_llama_scone", ["fgrams.drop_rate=0.05"])
 for k in (4, 8):
     VARIANTS[f"tiny_llama_scone_k{k}"] = ("tiny_llama_scone", [f"fgrams.max_n={k}"])
+# f-gram backoff dropout: a dropped position takes its f-gram's longest proper suffix in the
+# set (a shorter context) instead of no f-gram
+for rate in ("0.15", "0.3"):
+    VARIANTS[f"tiny_llama_scone_backoff{rate}"] = (
+        "tiny_llama_scone",
+        [f"fgrams.drop_rate={rate}", "fgrams.drop_to=suffix"],
+    )
+# T trained by the backbone's path alone: F reads its rows without sending gradients back
+VARIANTS["tiny_llama_scone_detach"] = ("tiny_llama_scone", ["fgrams.detach_table=true"])
 # every f-gram seen twice or more
 VARIANTS["tiny_llama_scone_m2_all"] = (
     "tiny_llama_scone",
@@ -129,8 +138,17 @@ SPLITS = (1, 2)
 for split in SPLITS:
     for name in ("tiny_llama", "tiny_llama_scone"):
         VARIANTS[f"{name}_split{split}"] = (name, [f"data.seed={split}"])
+# the peak learning rate, baseline and SCONE alike (3e-3 is the presets')
+LEARNING_RATES = ("1e-3", "1.5e-3", "2e-3", "4.5e-3")
+for lr in LEARNING_RATES:
+    for name in ("tiny_llama", "tiny_llama_scone"):
+        VARIANTS[f"{name}_lr{lr}"] = (name, [f"optim.lr={lr}"])
 # a variant ending in one of these is paired with its family's baseline of the same recipe
-RECIPE_SUFFIXES = ("_warmup20", *(f"_split{split}" for split in SPLITS))
+RECIPE_SUFFIXES = (
+    "_warmup20",
+    *(f"_split{split}" for split in SPLITS),
+    *(f"_lr{lr}" for lr in LEARNING_RATES),
+)
 
 
 def baseline_of(variant: str) -> str:
