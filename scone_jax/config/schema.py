@@ -9,7 +9,7 @@ from scone_jax.errors import UserError
 FAMILIES = ("gpt2", "llama")
 DTYPES = ("float32", "bfloat16")
 COMBINE_RULES = ("replace", "add", "gated")
-DROP_TARGETS = ("none", "suffix")
+DROP_TARGETS = ("unmatched", "suffix")
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
 REMAT_POLICY_NAMES = ("none", "dots", "block")  # model/stack.py says what each keeps
 
@@ -126,9 +126,10 @@ class FgramConfig:
     # position; evaluation and export use every match): a regularizer for text that training
     # repeats many times
     drop_rate: float = 0.0
-    # what a dropped position is fed: none (T's row alone) | suffix (the row of its f-gram's
-    # longest proper suffix in the set, none for a 2-gram: backoff to a shorter context)
-    drop_to: str = "none"
+    # what a dropped position is fed: unmatched (T's row alone) | suffix (the row of its f-gram's
+    # longest proper suffix in the set, of 2 tokens or more: backoff to a shorter context; a
+    # 2-gram, or an f-gram with no such suffix in the set, is fed unmatched)
+    drop_to: str = "unmatched"
     capacity: int = (
         0  # f-gram model node slots per data shard (whole blocks) before they grow; 0 = calibrate
     )
@@ -156,6 +157,11 @@ class FgramConfig:
         _check(
             self.drop_to in DROP_TARGETS,
             f"fgrams.drop_to={self.drop_to!r} (expected one of {DROP_TARGETS})",
+        )
+        _check(
+            self.drop_to == "unmatched" or self.drop_rate > 0,
+            f"fgrams.drop_to={self.drop_to!r} with fgrams.drop_rate=0 (expected a drop_rate > 0:"
+            " nothing is dropped to back off from)",
         )
         _check(
             self.block_size >= self.max_n,

@@ -79,12 +79,13 @@ class FgramBatcher:
         ids = np.asarray(self.tag_ids[batch["positions"]], dtype=np.int64)
         lengths = np.asarray(self.tag_lengths[batch["positions"]])
         if "fgram_keep" in batch:
-            dropped = ~batch["fgram_keep"] & (ids >= 0)
+            dropped = ~np.asarray(batch["fgram_keep"], bool) & (ids >= 0)
             if self.backoff_ids is None:
                 ids = np.where(dropped, -1, ids)
             else:
-                ids = np.where(dropped, self.backoff_ids[np.maximum(ids, 0)], ids)
-                lengths = np.where(dropped, self.fgram_lengths[np.maximum(ids, 0)], lengths)
+                backoff = self.backoff_ids[np.maximum(ids, 0)]
+                ids = np.where(dropped, backoff, ids)
+                lengths = np.where(dropped, self.fgram_lengths[np.maximum(backoff, 0)], lengths)
         matched = ids >= 0
         forest, rows, row_of_position = self.forest(ids)
         layout = forest_layout(

@@ -1,7 +1,8 @@
 """F-gram dropout: in training, a random share of the matched positions is fed as unmatched
-(T's row alone), so that the backbone cannot lean on an f-gram row that fits the training
-text only. The draw is a hash of (seed, step, dataset position): the same on every host and
-after a resume, fresh at every step, and independent of the batch's layout (microbatches).
+(T's row alone), or with `fgrams.drop_to: suffix` as their f-gram's backoff, so that the
+backbone cannot lean on an f-gram row that fits the training text only. The draw is a hash of
+(seed, step, dataset position): the same on every host and after a resume, fresh at every
+step, and independent of the batch's layout (microbatches).
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ class FgramDropout:
     seed: int
 
     def calibrate(self, batches: Iterable[dict[str, np.ndarray]], headroom: float = 1.05) -> None:
-        self.transform.calibrate(batches, headroom)  # sized for every match: a safe bound
+        # sized for every match; a backoff's f-gram can add nodes the full match lacks, which
+        # only grows the forest's capacity (a recompile), never changes a result
+        self.transform.calibrate(batches, headroom)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         keep = keep_mask(batch["positions"], batch["step"], self.rate, self.seed)

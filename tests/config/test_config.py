@@ -67,7 +67,14 @@ def test_single_string_becomes_list():
             "fgrams.block_size=4 (expected >= fgrams.max_n=5)",
         ),
         (["fgrams.drop_rate=1.0"], "fgrams.drop_rate=1.0 (expected 0 <= rate < 1)"),
-        (["fgrams.drop_to=prefix"], "fgrams.drop_to='prefix' (expected one of ('none', 'suffix'))"),
+        (
+            ["fgrams.drop_to=prefix"],
+            "fgrams.drop_to='prefix' (expected one of ('unmatched', 'suffix'))",
+        ),
+        (
+            ["fgrams.drop_to=suffix"],
+            "fgrams.drop_to='suffix' with fgrams.drop_rate=0 (expected a drop_rate > 0",
+        ),
     ],
 )
 def test_bad_values_are_one_line_user_errors(overrides, needle):

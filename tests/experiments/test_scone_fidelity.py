@@ -34,6 +34,9 @@ def test_every_variant_loads_and_has_a_plain_baseline_with_its_recipe(fidelity):
         # the same split and schedule: only the model may differ from its baseline
         assert base_cfg.data == cfg.data, (variant, baseline)
         assert base_cfg.optim.warmup_steps == cfg.optim.warmup_steps, (variant, baseline)
+        if cfg.fgrams.enabled:  # a baseline at another rate is compared with the plain one
+            for field in ("lr", "weight_decay"):
+                assert getattr(base_cfg.optim, field) == getattr(cfg.optim, field), (variant, field)
 
 
 def test_recipe_variants_pair_with_the_baseline_of_their_recipe(fidelity):
@@ -41,6 +44,8 @@ def test_recipe_variants_pair_with_the_baseline_of_their_recipe(fidelity):
     assert fidelity.baseline_of("tiny_scone_warmup20") == "tiny_warmup20"
     assert fidelity.baseline_of("tiny_llama_scone_drop0.05") == "tiny_llama"
     assert fidelity.baseline_of("tiny_scone") == "tiny"
+    assert fidelity.baseline_of("tiny_llama_scone_lr1.5e-3") == "tiny_llama_lr1.5e-3"
+    assert fidelity.baseline_of("tiny_llama_scone_wd0.03") == "tiny_llama_wd0.03"
 
 
 def test_variants_whose_names_share_a_prefix_up_to_a_dot_keep_separate_logs(

@@ -69,6 +69,13 @@ def test_backoff_feeds_a_dropped_position_its_fgrams_backoff_and_keeps_the_rest(
     assert ((out["forest"].index >= 0) == (want >= 0)).all()
     fed = np.where(keep | (tags < 0), tag_lengths[batch["positions"]], lengths[np.maximum(want, 0)])
     assert np.isclose(out["fgram_stats"]["mean_match_length"], fed[want >= 0].mean())
+    # the same batch tagged with `want` through a batcher with no dropout: the same forest
+    plain = FgramBatcher(tag_ids.copy(), tag_lengths, tokens, lengths, block=K)
+    plain.capacity, plain.output_capacity = batcher.capacity, batcher.output_capacity
+    plain.tag_ids[batch["positions"]] = want
+    expect = plain(batch)["forest"]
+    for got, made in zip(out["forest"].arrays().values(), expect.arrays().values(), strict=True):
+        np.testing.assert_array_equal(got, made)
 
 
 def test_dropout_in_microbatches_drops_the_same_positions_as_the_whole_batch(rng):
