@@ -143,11 +143,17 @@ LEARNING_RATES = ("1e-3", "1.5e-3", "2e-3", "4.5e-3")
 for lr in LEARNING_RATES:
     for name in ("tiny_llama", "tiny_llama_scone"):
         VARIANTS[f"{name}_lr{lr}"] = (name, [f"optim.lr={lr}"])
+# AdamW's weight decay, baseline and SCONE alike (0.1 is the presets')
+WEIGHT_DECAYS = ("0.03", "0.3")
+for decay in WEIGHT_DECAYS:
+    for name in ("tiny_llama", "tiny_llama_scone"):
+        VARIANTS[f"{name}_wd{decay}"] = (name, [f"optim.weight_decay={decay}"])
 # a variant ending in one of these is paired with its family's baseline of the same recipe
 RECIPE_SUFFIXES = (
     "_warmup20",
     *(f"_split{split}" for split in SPLITS),
     *(f"_lr{lr}" for lr in LEARNING_RATES),
+    *(f"_wd{decay}" for decay in WEIGHT_DECAYS),
 )
 
 
