@@ -144,7 +144,7 @@ for lr in LEARNING_RATES:
     for name in ("tiny_llama", "tiny_llama_scone"):
         VARIANTS[f"{name}_lr{lr}"] = (name, [f"optim.lr={lr}"])
 # AdamW's weight decay, baseline and SCONE alike (0.1 is the presets')
-WEIGHT_DECAYS = ("0.03", "0.3")
+WEIGHT_DECAYS = ("0.03", "0.3", "1.0")
 for decay in WEIGHT_DECAYS:
     for name in ("tiny_llama", "tiny_llama_scone"):
         VARIANTS[f"{name}_wd{decay}"] = (name, [f"optim.weight_decay={decay}"])
