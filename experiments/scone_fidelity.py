@@ -131,29 +131,23 @@ VARIANTS["tiny_llama_scone_m2_all"] = (
 for name in ("tiny", "tiny_scone", "tiny_llama"):
     VARIANTS[f"{name}_warmup20"] = (name, ["optim.warmup_steps=20"])
 VARIANTS["tiny_lr1.5e-3_warmup20"] = ("tiny", ["optim.lr=1.5e-3", "optim.warmup_steps=20"])
-# another held-out 5% of documents (data.seed draws the split; f-grams are counted on each
-# run's own training split): how much of a corpus's result is its one split; each SCONE
-# variant ending in _split<N> against the baseline on the same split
-SPLITS = (1, 2)
-for split in SPLITS:
-    for name in ("tiny_llama", "tiny_llama_scone"):
-        VARIANTS[f"{name}_split{split}"] = (name, [f"data.seed={split}"])
-# the peak learning rate, baseline and SCONE alike (3e-3 is the presets')
-LEARNING_RATES = ("1e-3", "1.5e-3", "2e-3", "4.5e-3")
-for lr in LEARNING_RATES:
-    for name in ("tiny_llama", "tiny_llama_scone"):
-        VARIANTS[f"{name}_lr{lr}"] = (name, [f"optim.lr={lr}"])
-# AdamW's weight decay, baseline and SCONE alike (0.1 is the presets')
-WEIGHT_DECAYS = ("0.03", "0.3", "1.0")
-for decay in WEIGHT_DECAYS:
-    for name in ("tiny_llama", "tiny_llama_scone"):
-        VARIANTS[f"{name}_wd{decay}"] = (name, [f"optim.weight_decay={decay}"])
+# recipes run on both llama models alike, each SCONE variant against the baseline of the same
+# recipe (`<name>_<tag><value>`): another held-out 5% of documents (data.seed draws the split;
+# f-grams are counted on each run's own training split: how much of a corpus's result is its
+# one split), the peak learning rate (the presets': 3e-3) and AdamW's weight decay (0.1)
+BOTH_MODELS = {
+    "split": ("data.seed", ("1", "2")),
+    "lr": ("optim.lr", ("1e-3", "1.5e-3", "2e-3", "4.5e-3")),
+    "wd": ("optim.weight_decay", ("0.03", "0.3", "1.0")),
+}
+for tag, (key, values) in BOTH_MODELS.items():
+    for value in values:
+        for name in ("tiny_llama", "tiny_llama_scone"):
+            VARIANTS[f"{name}_{tag}{value}"] = (name, [f"{key}={value}"])
 # a variant ending in one of these is paired with its family's baseline of the same recipe
 RECIPE_SUFFIXES = (
     "_warmup20",
-    *(f"_split{split}" for split in SPLITS),
-    *(f"_lr{lr}" for lr in LEARNING_RATES),
-    *(f"_wd{decay}" for decay in WEIGHT_DECAYS),
+    *(f"_{tag}{value}" for tag, (_, values) in BOTH_MODELS.items() for value in values),
 )
 
 

@@ -243,18 +243,15 @@ class FgramSet:
         """[S] the id of each f-gram's longest proper suffix in the set (length >= 2), -1 where
         none: the row f-gram backoff dropout (fgrams.drop_to=suffix) feeds instead. Hits are
         checked token by token, so a key collision cannot pick a wrong suffix."""
-        tokens = np.asarray(self.tokens)
+        tokens = np.asarray(self.tokens)  # [S, K], padded with -1
         lengths = np.asarray(self.lengths, np.int64)
         out = np.full(len(lengths), -1, np.int64)
-        for cut in range(1, max(self.max_n - 1, 1)):  # shortest cut first: the longest suffix
+        for cut in range(1, self.max_n - 1):  # shortest cut first: the longest suffix wins
             todo = np.flatnonzero((out < 0) & (lengths - cut >= 2))
-            if not len(todo):
-                continue
-            suffix = np.full((len(todo), tokens.shape[1]), -1, tokens.dtype)
-            suffix[:, : tokens.shape[1] - cut] = tokens[todo, cut:]
+            suffix = np.full((len(todo), self.max_n), -1, tokens.dtype)
+            suffix[:, : self.max_n - cut] = tokens[todo, cut:]
             ids = self.lookup_keys(keymod.fgram_keys(suffix, lengths[todo] - cut, self.key_seed))
-            same = (ids >= 0) & (lengths[np.maximum(ids, 0)] == lengths[todo] - cut)
-            same &= np.all(tokens[np.maximum(ids, 0)] == suffix, axis=1)
+            same = (ids >= 0) & np.all(tokens[np.maximum(ids, 0)] == suffix, axis=1)
             out[todo[same]] = ids[same]
         return out
 

@@ -80,12 +80,9 @@ class FgramBatcher:
         lengths = np.asarray(self.tag_lengths[batch["positions"]])
         if "fgram_keep" in batch:
             dropped = ~np.asarray(batch["fgram_keep"], bool) & (ids >= 0)
-            if self.backoff_ids is None:
-                ids = np.where(dropped, -1, ids)
-            else:
-                backoff = self.backoff_ids[np.maximum(ids, 0)]
-                ids = np.where(dropped, backoff, ids)
-                lengths = np.where(dropped, self.fgram_lengths[np.maximum(backoff, 0)], lengths)
+            fed = -1 if self.backoff_ids is None else self.backoff_ids[np.maximum(ids, 0)]
+            ids = np.where(dropped, fed, ids)
+            lengths = np.where(dropped, self.fgram_lengths[np.maximum(ids, 0)], lengths)
         matched = ids >= 0
         forest, rows, row_of_position = self.forest(ids)
         layout = forest_layout(

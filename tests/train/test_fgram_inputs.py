@@ -36,14 +36,14 @@ def test_a_set_counted_on_the_training_split_records_the_datasets_tokenizer(tmp_
     assert meta["num_tokens"] == 27
 
 
-def test_fgram_dropout_thins_the_training_stream_and_leaves_evaluation_whole(
-    markov_dataset, tmp_path, rng
-):
-    train_ids, _ = split_documents(markov_dataset.num_docs, 0.0, 0)
-    cfg = FgramConfig(enabled=True, max_n=4, num_fgrams=500, min_count=2, drop_rate=0.5)
+def dropping_stream(dataset, tmp_path, rng, **dropout):
+    """A run's f-gram inputs with f-gram dropout (`dropout`: the FgramConfig fields) and the
+    training stream through them, calibrated."""
+    train_ids, _ = split_documents(dataset.num_docs, 0.0, 0)
+    cfg = FgramConfig(enabled=True, max_n=4, num_fgrams=500, min_count=2, **dropout)
     fgrams = prepare_fgram_inputs(
         cfg,
-        markov_dataset,
+        dataset,
         train_ids,
         tmp_path / "run",
         64,
@@ -51,9 +51,16 @@ def test_fgram_dropout_thins_the_training_stream_and_leaves_evaluation_whole(
         progress=False,
         seed=int(rng.integers(2**31)),
     )
-    source = WindowSource(markov_dataset, train_ids, 16)
+    source = WindowSource(dataset, train_ids, 16)
     stream = BatchStream(source, 8, seed=0, transform=fgrams.train_transform())
     fgrams.train_transform().calibrate(stream.raw_batch(k) for k in range(4))
+    return fgrams, stream
+
+
+def test_fgram_dropout_thins_the_training_stream_and_leaves_evaluation_whole(
+    markov_dataset, tmp_path, rng
+):
+    fgrams, stream = dropping_stream(markov_dataset, tmp_path, rng, drop_rate=0.5)
     kept = dropped = 0
     for step in range(20):
         raw = stream.raw_batch(step)
@@ -68,24 +75,8 @@ def test_fgram_dropout_thins_the_training_stream_and_leaves_evaluation_whole(
 def test_backoff_dropout_feeds_the_longest_suffix_in_the_set_to_the_training_stream(
     markov_dataset, tmp_path, rng
 ):
-    train_ids, _ = split_documents(markov_dataset.num_docs, 0.0, 0)
-    cfg = FgramConfig(
-        enabled=True, max_n=4, num_fgrams=500, min_count=2, drop_rate=0.5, drop_to="suffix"
-    )
-    fgrams = prepare_fgram_inputs(
-        cfg,
-        markov_dataset,
-        train_ids,
-        tmp_path / "run",
-        64,
-        groups=1,
-        progress=False,
-        seed=int(rng.integers(2**31)),
-    )
+    fgrams, stream = dropping_stream(markov_dataset, tmp_path, rng, drop_rate=0.5, drop_to="suffix")
     backoff = fgrams.fgram_set.backoff_ids()
-    source = WindowSource(markov_dataset, train_ids, 16)
-    stream = BatchStream(source, 8, seed=0, transform=fgrams.train_transform())
-    fgrams.train_transform().calibrate(stream.raw_batch(k) for k in range(4))
     backed_off = 0
     for step in range(20):
         trained = stream.batch(step)["fgram_ids"]
