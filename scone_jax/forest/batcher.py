@@ -37,6 +37,15 @@ class FgramBatcher:
     groups: int = 1  # one per data shard of this host's batch
     # [S] the f-gram a position dropped by `fgram_keep` takes instead (-1 = none, the default)
     backoff_ids: np.ndarray | None = None
+    # [S] the length of that f-gram (0 = none); by default read from `fgram_lengths`, which a
+    # permuted control's rows do not match
+    backoff_lengths: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.backoff_ids is not None and self.backoff_lengths is None:
+            self.backoff_lengths = np.where(
+                self.backoff_ids >= 0, self.fgram_lengths[np.maximum(self.backoff_ids, 0)], 0
+            )
 
     @property
     def max_n(self) -> int:
@@ -80,9 +89,12 @@ class FgramBatcher:
         lengths = np.asarray(self.tag_lengths[batch["positions"]])
         if "fgram_keep" in batch:
             dropped = ~np.asarray(batch["fgram_keep"], bool) & (ids >= 0)
-            fed = -1 if self.backoff_ids is None else self.backoff_ids[np.maximum(ids, 0)]
-            ids = np.where(dropped, fed, ids)
-            lengths = np.where(dropped, self.fgram_lengths[np.maximum(ids, 0)], lengths)
+            if self.backoff_ids is None:
+                ids = np.where(dropped, -1, ids)
+            else:
+                tags = np.maximum(ids, 0)
+                ids = np.where(dropped, self.backoff_ids[tags], ids)
+                lengths = np.where(dropped, self.backoff_lengths[tags], lengths)
         matched = ids >= 0
         forest, rows, row_of_position = self.forest(ids)
         layout = forest_layout(

@@ -133,20 +133,11 @@ def prepare_fgram_inputs(
         barrier=barrier,
     )
     granule = max(positions_per_host // (32 * groups * cfg.block_size * microbatches), 1)
-    fgram_tokens, fgram_lengths = fgram_set.tokens, fgram_set.lengths
-    if (
-        cfg.permute_rows
-    ):  # the control: f-gram w is embedded as the f-gram a fixed permutation gives it
-        order = np.random.default_rng(PERMUTE_ROWS_SEED).permutation(len(fgram_lengths))
-        fgram_tokens, fgram_lengths = (
-            np.asarray(fgram_tokens)[order],
-            np.asarray(fgram_lengths)[order],
-        )
     batcher = FgramBatcher(
         ids,
         lengths,
-        fgram_tokens,
-        fgram_lengths,
+        fgram_set.tokens,
+        fgram_set.lengths,
         block=cfg.block_size,
         granule=granule,
         dedup=cfg.dedup,
@@ -154,6 +145,12 @@ def prepare_fgram_inputs(
         capacity=round_up(-(-cfg.capacity // cfg.block_size), granule),
         backoff_ids=fgram_set.backoff_ids() if cfg.drop_to == "suffix" else None,
     )
+    if cfg.permute_rows:
+        # the control: f-gram w is embedded as the f-gram a fixed permutation gives it (after
+        # the batcher is built, so the backoffs' lengths stay those of the set's own f-grams)
+        order = np.random.default_rng(PERMUTE_ROWS_SEED).permutation(len(fgram_set.lengths))
+        batcher.fgram_tokens = np.asarray(fgram_set.tokens)[order]
+        batcher.fgram_lengths = np.asarray(fgram_set.lengths)[order]
     return FgramInputs(
         fgram_set=fgram_set,
         batcher=batcher,

@@ -85,3 +85,18 @@ def test_backoff_dropout_feeds_the_longest_suffix_in_the_set_to_the_training_str
         assert ((trained == whole) | (trained == fallback)).all()
         backed_off += int(((trained != whole) & (trained >= 0)).sum())
     assert backed_off > 0
+
+
+def test_backoff_under_permuted_rows_reports_the_fed_fgrams_own_lengths(
+    markov_dataset, tmp_path, rng
+):
+    """The permuted control reorders the rows F embeds, not the f-grams a position is fed: the
+    mean match length is that of the fed f-grams, backoffs included."""
+    fgrams, stream = dropping_stream(
+        markov_dataset, tmp_path, rng, drop_rate=0.5, drop_to="suffix", permute_rows=True
+    )
+    set_lengths = np.asarray(fgrams.fgram_set.lengths)
+    for step in range(10):
+        out = stream.batch(step)
+        fed = out["fgram_ids"][out["fgram_ids"] >= 0]
+        assert np.isclose(out["fgram_stats"]["mean_match_length"], set_lengths[fed].mean())
