@@ -13,7 +13,9 @@ Corpora: `embedded` (the standard library's docstrings, on every install), `wiki
 Shakespeare, so 1500 steps repeat it 8 times; the corpus settings for repeated text are picked
 on it, not on Shakespeare), `shakespeare` (tiny Shakespeare), `libdocs` (the docstrings of the
 installed numpy and matplotlib, text nobody on the project wrote), `vimdocs` (2 MB of Vim's
-help files from Debian's vim-runtime: small, so 1500 steps train it for several epochs). All
+help files from Debian's vim-runtime: small, so 1500 steps train it for several epochs),
+`pynews` (Python's release notes, NEWS.gz from Debian's python3 docs, one document per
+paragraph: added after every choice, a second held-out corpus of many epochs). All
 but the first are read from ../shared/data or the environment and are skipped with a note
 when absent.
 Each corpus is tokenized once (vocab 2048, 5% of documents held out); every run of a corpus
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import gzip
 import itertools
 import json
 import os
@@ -120,6 +123,9 @@ for rate in ("0.15", "0.3"):
         "tiny_llama_scone",
         [f"fgrams.drop_rate={rate}", "fgrams.drop_to=suffix"],
     )
+# the 1x (2-layer) f-gram model with the preset's S = 80K: 0.5x was picked at S = 20K, and more
+# f-grams might give a deeper model more to do
+VARIANTS["tiny_llama_scone_1x_s80k"] = ("tiny_llama_scone", ["fgrams.model_size=1x"])
 # T trained by the backbone's path alone: F reads its rows without sending gradients back
 VARIANTS["tiny_llama_scone_detach"] = ("tiny_llama_scone", ["fgrams.detach_table=true"])
 # every f-gram seen twice or more
@@ -164,7 +170,7 @@ SHARED_TEXT = {
     "wikitext_valid": ("wikitext-2/valid.txt",),
     "shakespeare": ("tinyshakespeare/input.txt",),
 }
-CORPORA = ("embedded", *SHARED_TEXT, "libdocs", "vimdocs")
+CORPORA = ("embedded", *SHARED_TEXT, "libdocs", "vimdocs", "pynews")
 
 
 def corpus_args(name: str, work: Path) -> list[str] | None:
@@ -193,6 +199,16 @@ def corpus_args(name: str, work: Path) -> list[str] | None:
                 return None
             write_text_files(out, files, max_bytes=2_000_000)
         return ["--corpus", str(out)]
+    if name == "pynews":  # Python's release notes (Debian's python3.X docs): small, many epochs
+        out = work / "pynews.txt"
+        if not out.is_file():
+            files = sorted(Path("/usr/share/doc").glob("python3.*/NEWS.gz"))
+            if not files:
+                return None
+            tmp = out.with_suffix(".tmp")
+            tmp.write_bytes(gzip.decompress(files[-1].read_bytes()))
+            tmp.rename(out)
+        return ["--corpus", str(out), "--doc-split", "blank_line"]
     raise SystemExit(f"unknown corpus {name!r} (expected one of {', '.join(CORPORA)})")
 
 
