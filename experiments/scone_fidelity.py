@@ -171,6 +171,7 @@ SHARED_TEXT = {
     "shakespeare": ("tinyshakespeare/input.txt",),
 }
 CORPORA = ("embedded", *SHARED_TEXT, "libdocs", "vimdocs", "pynews")
+SYSTEM_SHARE = Path("/usr/share")  # where Debian packages put vimdocs' and pynews' text
 
 
 def corpus_args(name: str, work: Path) -> list[str] | None:
@@ -194,7 +195,7 @@ def corpus_args(name: str, work: Path) -> list[str] | None:
     if name == "vimdocs":  # Vim's help (Debian's vim-runtime): small, so trained many epochs
         out = work / "vimdocs.jsonl"
         if not out.is_file():
-            files = sorted(Path("/usr/share").glob("vim/vim*/doc/*.txt"))
+            files = sorted(SYSTEM_SHARE.glob("vim/vim*/doc/*.txt"))
             if not files:
                 return None
             write_text_files(out, files, max_bytes=2_000_000)
@@ -202,7 +203,7 @@ def corpus_args(name: str, work: Path) -> list[str] | None:
     if name == "pynews":  # Python's release notes (Debian's python3.X docs): small, many epochs
         out = work / "pynews.txt"
         if not out.is_file():
-            files = sorted(Path("/usr/share/doc").glob("python3.*/NEWS.gz"))
+            files = sorted(SYSTEM_SHARE.glob("doc/python3.*/NEWS.gz"))
             if not files:
                 return None
             tmp = out.with_suffix(".tmp")

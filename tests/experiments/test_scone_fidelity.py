@@ -3,6 +3,7 @@ that loads, is paired with a baseline of its own family and recipe, and writes i
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 from pathlib import Path
 
@@ -60,3 +61,26 @@ def test_variants_whose_names_share_a_prefix_up_to_a_dot_keep_separate_logs(
         "tiny_llama_scone_drop0.05_s0_1500.log",
         "tiny_llama_scone_drop0.1_s0_1500.log",
     ]
+
+
+def test_pynews_is_the_decompressed_release_notes_split_by_paragraph(
+    fidelity, tmp_path, monkeypatch
+):
+    share, work = tmp_path / "share", tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setattr(fidelity, "SYSTEM_SHARE", share)
+    assert fidelity.corpus_args("pynews", work) is None  # no Python docs installed: skipped
+    text = "What's New\n\nbpo-1: a fix.\n\ngh-2: another.\n"
+    (share / "doc" / "python3.11").mkdir(parents=True)
+    (share / "doc" / "python3.11" / "NEWS.gz").write_bytes(gzip.compress(text.encode()))
+    args = fidelity.corpus_args("pynews", work)
+    assert args == ["--corpus", str(work / "pynews.txt"), "--doc-split", "blank_line"]
+    assert (work / "pynews.txt").read_text() == text
+    assert sorted(p.name for p in work.iterdir()) == ["pynews.txt"]  # no temporary file left
+
+
+def test_an_unknown_corpus_names_the_known_ones(fidelity, tmp_path):
+    with pytest.raises(
+        SystemExit, match=r"unknown corpus 'nope' \(expected one of embedded, .*pynews"
+    ):
+        fidelity.corpus_args("nope", tmp_path)
