@@ -84,3 +84,18 @@ def test_an_unknown_corpus_names_the_known_ones(fidelity, tmp_path):
         SystemExit, match=r"unknown corpus 'nope' \(expected one of embedded, .*pynews"
     ):
         fidelity.corpus_args("nope", tmp_path)
+
+
+def test_a_quarter_corpus_is_the_first_quarter_of_its_paragraphs(fidelity, tmp_path, monkeypatch):
+    share, work = tmp_path / "share", tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setattr(fidelity, "SYSTEM_SHARE", share)
+    assert fidelity.corpus_args("pynews_quarter", work) is None  # no whole corpus, no quarter
+    paragraphs = [f"paragraph {i}\nits second line" for i in range(10)]
+    (share / "doc" / "python3.12").mkdir(parents=True)
+    news = "\n\n\n".join(paragraphs).encode()  # extra blank lines are no paragraph
+    (share / "doc" / "python3.12" / "NEWS.gz").write_bytes(gzip.compress(news))
+    args = fidelity.corpus_args("pynews_quarter", work)
+    assert args == ["--corpus", str(work / "pynews_quarter.txt"), "--doc-split", "blank_line"]
+    kept = [p.strip() for p in (work / "pynews_quarter.txt").read_text().split("\n\n")]
+    assert kept == paragraphs[:2]
