@@ -15,7 +15,12 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 
 from scone_jax.artifacts.checkpoint import Checkpointer
-from scone_jax.artifacts.run_dir import CONFIG_FILE, RUN_INFO_FILE, checkpoints_dir, load_run_config
+from scone_jax.artifacts.run_dir import (
+    CONFIG_FILE,
+    RUN_INFO_FILE,
+    load_run_config,
+    require_checkpoint,
+)
 from scone_jax.config import Config
 from scone_jax.errors import UserError
 from scone_jax.model.build import ModelHandle, build_model_fn, split_model
@@ -40,8 +45,9 @@ class RunParams:
 
 
 def load_run_params(
-    run_dir: str | Path, step: int | None = None, mesh: Mesh | None = None
+    run_dir: str | Path, step: int | str | None = None, mesh: Mesh | None = None
 ) -> RunParams:
+    """The params of a run's checkpoint: the latest, a step number, or "best"."""
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir)
     info_path = run_dir / RUN_INFO_FILE
@@ -50,21 +56,12 @@ def load_run_params(
             f"{run_dir} has no {RUN_INFO_FILE} (expected a run directory made by `scone-jax train`)"
         )
     info = json.loads(info_path.read_text())
+    directory, step = require_checkpoint(run_dir, step)
     mesh = mesh or make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     rules = make_rules(cfg.mesh.rules)
     handle, abstract_params = split_model(build_model_fn(cfg, info["vocab_size"]), cfg.train.seed)
-    ckpt = Checkpointer(
-        checkpoints_dir(run_dir), cfg.checkpoint.every, cfg.checkpoint.keep, async_save=False
-    )
+    ckpt = Checkpointer(directory, cfg.checkpoint.every, cfg.checkpoint.keep, async_save=False)
     try:
-        step = ckpt.latest_step() if step is None else step
-        if step is None:
-            raise UserError(f"run {run_dir} has no checkpoint")
-        if step not in ckpt.manager.all_steps():
-            raise UserError(
-                f"run {run_dir} has no checkpoint at step {step} (has "
-                f"{sorted(ckpt.manager.all_steps())})"
-            )
         # optimizer moments shaped like the params are sharded like them
         params = ckpt.restore_params(
             step,

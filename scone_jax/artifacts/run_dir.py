@@ -9,6 +9,7 @@ a run moved or copied elsewhere resumes there.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 from scone_jax.atomic import check_output_path
 from scone_jax.config import Config, load_config, save_config, to_dict
@@ -19,6 +20,9 @@ RUN_INFO_FILE = "run_info.json"  # what later stages need without the data pipel
 CHECKPOINTS_DIR = "checkpoints"  # orbax's step directories (artifacts/checkpoint.py)
 FINAL_EVAL_FILE = "final_eval.json"  # held-out results at the last step: a finished run has one
 PROFILE_DIR = "profile"  # jax.profiler traces of train.profile_steps (train/profile.py)
+BEST_CHECKPOINT_DIR = "best_checkpoint"  # checkpoint.keep_best's one step (artifacts/best.py)
+BEST_RECORD_FILE = "best_checkpoint.json"  # the eval losses that chose it
+BEST = "best"  # names the best checkpoint where a step number is expected
 # keys that may change between restarts of the same run
 MUTABLE_PREFIXES = (
     "run_dir",
@@ -95,21 +99,37 @@ def checkpoints_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / CHECKPOINTS_DIR
 
 
-def require_checkpoint(run_dir: str | Path, step: int | None = None) -> int:
-    """The checkpoint step of a run to read (the latest when `step` is None), checked before any
-    setup.
+def best_checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / BEST_CHECKPOINT_DIR
+
+
+class CheckpointRef(NamedTuple):
+    directory: Path  # an orbax checkpoint directory: checkpoints/ or best_checkpoint/
+    step: int
+
+
+def require_checkpoint(run_dir: str | Path, step: int | str | None = None) -> CheckpointRef:
+    """Where the checkpoint of a run to read is (the latest when `step` is None, the one that
+    checkpoint.keep_best kept when it is "best"), checked before any setup.
 
     Reads the step directories' names rather than opening orbax, which would create
     RUN_DIR/checkpoints in a run that has none.
     """
     if not (Path(run_dir) / CONFIG_FILE).is_file():
         raise UserError(f"{run_dir} is not a run directory (no {CONFIG_FILE})")
-    directory = checkpoints_dir(run_dir)
+    directory = best_checkpoint_dir(run_dir) if step == BEST else checkpoints_dir(run_dir)
     steps = (
         sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
         if directory.is_dir()
         else []
     )
+    if step == BEST:
+        if not steps:
+            raise UserError(
+                f"run {run_dir} has no best checkpoint (expected {directory}/<step>, kept by "
+                "training with checkpoint.keep_best=heldout)"
+            )
+        return CheckpointRef(directory, steps[-1])
     if not steps:
         raise UserError(
             f"run {run_dir} has no checkpoint (expected {directory}/<step> written by `scone-jax "
@@ -117,4 +137,4 @@ def require_checkpoint(run_dir: str | Path, step: int | None = None) -> int:
         )
     if step is not None and step not in steps:
         raise UserError(f"run {run_dir} has no checkpoint at step {step} (expected one of {steps})")
-    return steps[-1] if step is None else step
+    return CheckpointRef(directory, steps[-1] if step is None else step)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from scone_jax.cli import distributed_args
+from scone_jax.cli.step_arg import add_step_argument
 from scone_jax.runtime import distributed
 
 
@@ -26,9 +27,7 @@ def register(sub) -> None:
         metavar="DIR",
         help="an extra named eval set (a tokenized dataset directory); repeatable",
     )
-    p.add_argument(
-        "--step", type=int, default=None, help="checkpoint step to evaluate (default: latest)"
-    )
+    add_step_argument(p, "to evaluate")
     p.add_argument(
         "--table",
         default=None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from scone_jax.cli import distributed_args
+from scone_jax.cli.step_arg import add_step_argument
 from scone_jax.runtime import distributed
 
 
@@ -32,7 +33,7 @@ def register(sub) -> None:
         choices=("float32", "bfloat16", "int8"),
         help="row dtype; int8 stores a float32 scale per row",
     )
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: latest)")
+    add_step_argument(p, "to export")
     p.add_argument("--batch-rows", type=int, default=1024, help="f-grams per f-gram-model batch")
     p.add_argument("--range-rows", type=int, default=65536, help="rows per resumable range")
     p.add_argument(

@@ -358,6 +358,9 @@ class CheckpointConfig:
     every: int = 100  # save every N steps (and at the end, and on SIGTERM/SIGINT)
     keep: int = 3
     async_save: bool = True
+    # an eval set's name (e.g. heldout): also keep the state of its lowest loss so far in
+    # RUN_DIR/best_checkpoint/ (`--step best` in eval and export); "" keeps no best
+    keep_best: str = ""
 
     def validate(self) -> None:
         _check(self.every > 0, f"checkpoint.every={self.every} (expected > 0)")
@@ -400,6 +403,11 @@ class Config:
             section.validate()
         if self.fgrams.enabled:
             self.fgrams.model_config(self.model).validate()
+        _check(
+            not self.checkpoint.keep_best or self.train.eval_every > 0,
+            f"checkpoint.keep_best={self.checkpoint.keep_best} needs train.eval_every > 0 "
+            "(the best is chosen among the evaluations during training)",
+        )
         _check(
             self.data.seq_len <= self.model.max_seq_len,
             f"data.seq_len={self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}",

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from scone_jax.artifacts.checkpoint import Checkpointer
-from scone_jax.artifacts.run_dir import checkpoints_dir, load_run_config, require_checkpoint
+from scone_jax.artifacts.run_dir import load_run_config, require_checkpoint
 from scone_jax.errors import UserError
 from scone_jax.serve.engine import engine_from_run
 from scone_jax.serve.evaluate import evaluate_engine
@@ -20,14 +20,14 @@ from scone_jax.train.session import evaluate, open_session
 def evaluate_run(
     run_dir: str | Path,
     extra_eval: list[str] | None = None,
-    step: int | None = None,
+    step: int | str | None = None,
     table: str | None = None,
     tier: str = "host",
 ) -> dict:
     """Perplexity and bits per byte of a run's checkpoint on its held-out split and `extra_eval`
     datasets: with the live f-gram model, or with an exported table (`table`, in `tier`)."""
     cfg = load_run_config(run_dir)
-    require_checkpoint(run_dir, step)
+    checkpoint = require_checkpoint(run_dir, step)
     session = open_session(cfg, Path(run_dir), extra_eval)
     if not session.eval_sets:
         raise UserError(
@@ -37,8 +37,8 @@ def evaluate_run(
         engine = engine_from_run(run_dir, table, tier, step)
         results = evaluate_engine(engine, session.eval_sets, session.dataset.token_bytes)
         return {"step": engine.step, "table": table, "tier": tier, "results": results}
-    ckpt = Checkpointer(checkpoints_dir(run_dir), cfg.checkpoint.every, cfg.checkpoint.keep, False)
-    state = ckpt.restore(session.setup.abstract_state, session.setup.shardings, step)
+    ckpt = Checkpointer(checkpoint.directory, cfg.checkpoint.every, cfg.checkpoint.keep, False)
+    state = ckpt.restore(session.setup.abstract_state, session.setup.shardings, checkpoint.step)
     ckpt.close()
     results = evaluate(session, session.eval_step(), state["params"])
     return {"step": int(np.asarray(jax.device_get(state["step"]))), "results": results}

@@ -15,7 +15,7 @@ from scone_jax.runtime.distributed import barrier
 
 
 def export_backbone(
-    run_dir: str | Path, out: str | Path, step: int | None = None, overwrite: bool = False
+    run_dir: str | Path, out: str | Path, step: int | str | None = None, overwrite: bool = False
 ) -> dict:
     """In a multi-process job every process takes part in the restore, and process 0 writes."""
     run = load_run_params(run_dir, step)

@@ -44,7 +44,7 @@ def export_hf(
     run_dir: str | Path,
     out: str | Path,
     table_url: str | None = None,
-    step: int | None = None,
+    step: int | str | None = None,
     overwrite: bool = False,
 ) -> dict:
     """Write the checkpoint; a SCONE run needs its exported table (`table_url`, any dtype:

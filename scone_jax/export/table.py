@@ -289,7 +289,7 @@ def export_table(
     run_dir: str | Path,
     url: str,
     dtype: str = "float32",
-    step: int | None = None,
+    step: int | str | None = None,
     batch_rows: int = 1024,
     range_rows: int = 65536,
     chunk_rows: int = 0,

@@ -19,10 +19,12 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from scone_jax.artifacts.best import BestCheckpoint
 from scone_jax.artifacts.checkpoint import Checkpointer
 from scone_jax.artifacts.run_dir import (
     FINAL_EVAL_FILE,
     RUN_INFO_FILE,
+    best_checkpoint_dir,
     check_run_dir,
     checkpoints_dir,
     save_run_config,
@@ -77,6 +79,13 @@ def train(cfg: Config) -> dict:
     run_dir = check_run_dir(cfg)
     try:
         session = open_session(cfg, run_dir)
+        best = (
+            BestCheckpoint(
+                run_dir, cfg.checkpoint.keep_best, session.eval_sets, cfg.checkpoint.async_save
+            )
+            if cfg.checkpoint.keep_best
+            else None
+        )
     except BaseException:
         if fresh and is_main:  # bad input found during set-up: leave nothing behind
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -125,6 +134,8 @@ def train(cfg: Config) -> dict:
                     run_dir / FINAL_EVAL_FILE, {"step": start, "results": summary["eval"]}
                 )
         ckpt.close()
+        if best:
+            best.close()
         writer.close()
         summary["status"] = "already complete"
         if is_main:
@@ -200,9 +211,12 @@ def train(cfg: Config) -> dict:
                 summary["final_loss"] = metrics["loss"]
                 bar.update(1)
                 if (cfg.train.eval_every and step % cfg.train.eval_every == 0) or step == total:
-                    for name, result in evaluate(session, eval_step, state["params"]).items():
+                    results = evaluate(session, eval_step, state["params"])
+                    for name, result in results.items():
                         writer.write(step, {"set": name, **result}, kind="eval")
                         summary.setdefault("eval", {})[name] = result
+                    if best:
+                        best.offer(step, results, state)
                     window_start, window_steps, window_flops = time.perf_counter(), 0, 0.0
                 logged = step
                 ckpt.maybe_save(step, state)
@@ -222,9 +236,15 @@ def train(cfg: Config) -> dict:
                 if can_save and step > start and logged == step and ckpt.latest_step() != step:
                     ckpt.maybe_save(step, state, force=True)
             finally:
-                ckpt.close()
-                writer.close()
+                try:
+                    ckpt.close()
+                finally:
+                    if best:
+                        best.close()
+                    writer.close()
     summary["end_step"] = step
+    if best and best.best_step() is not None:
+        summary["best"] = {"step": best.best_step(), best.eval_set: {"loss": best.best_loss}}
     summary["status"] = f"stopped by {stopped_by}" if stopped_by else "complete"
     if (
         step == total and is_main
@@ -240,6 +260,11 @@ def train(cfg: Config) -> dict:
             else f"done: {step} steps; checkpoints in {checkpoints_dir(run_dir)}, "
             f"metrics in {run_dir / 'metrics.jsonl'}"
         )
+        if "best" in summary:
+            msg += (
+                f"; lowest {best.eval_set} loss {best.best_loss:.4f} at step "
+                f"{best.best_step()}, kept in {best_checkpoint_dir(run_dir)} (--step best)"
+            )
         print(msg, flush=True)
     elif stopped_by:  # every process says where it stopped: the same step on all of them
         print(

@@ -15,14 +15,17 @@ import numpy as np
 import pytest
 
 from scone_jax.artifacts.checkpoint import Checkpointer
+from scone_jax.artifacts.run_dir import best_checkpoint_dir
 from scone_jax.config import load_config
 from scone_jax.train.loop import train
 from scone_jax.train.session import open_session
 from tests.multihost.helpers import scone_job, scone_process_pids, wait_for_job_step
-from tests.train.helpers import losses, tiny_overrides
+from tests.train.helpers import losses, read_metrics, tiny_overrides
 
 STEPS = 16
 MESH = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "checkpoint.every": 4}
+# each process decides on its own whether an eval is a new best, and the save is collective
+BEST = {"train.eval_every": 2, "checkpoint.keep_best": "heldout"}
 
 
 def _final_params(cfg, run_dir: Path, session) -> list[np.ndarray]:
@@ -36,13 +39,13 @@ def _final_params(cfg, run_dir: Path, session) -> list[np.ndarray]:
 @pytest.mark.slow
 def test_two_processes_resume_after_a_lost_peer_and_match_one_process(markov_dataset, tmp_path):
     single_cfg = load_config(
-        "tiny", tiny_overrides(markov_dataset.path, tmp_path / "single", STEPS, **MESH)
+        "tiny", tiny_overrides(markov_dataset.path, tmp_path / "single", STEPS, **MESH, **BEST)
     )
     assert len(jax.devices()) == 8
     train(single_cfg)
 
     multi = tmp_path / "multi"
-    args = ["train", "tiny", *tiny_overrides(markov_dataset.path, multi, STEPS, **MESH)]
+    args = ["train", "tiny", *tiny_overrides(markov_dataset.path, multi, STEPS, **MESH, **BEST)]
     env = {"SCONE_PEER_TIMEOUT": "8"}
     job = scone_job(2, *args, env=env)
     wait_for_job_step(multi, 6, job)
@@ -70,3 +73,6 @@ def test_two_processes_resume_after_a_lost_peer_and_match_one_process(markov_dat
         strict=True,
     ):
         np.testing.assert_allclose(x, y, atol=5e-4, rtol=1e-3)
+    evals = {r["step"]: r["loss"] for r in read_metrics(multi, "eval") if r["set"] == "heldout"}
+    kept = [int(p.name) for p in best_checkpoint_dir(multi).iterdir() if p.name.isdigit()]
+    assert kept == [min(evals, key=lambda s: (evals[s], s))], evals

@@ -1,0 +1,73 @@
+"""checkpoint.keep_best: the train state of the lowest loss so far on one eval set, kept in
+RUN_DIR/best_checkpoint/ beside the last-K checkpoints, so a run trained past its best held-out
+point still has that point to evaluate and export (`--step best`).
+
+Every eval that improves on the best saves a checkpoint there (orbax keeps one). The losses that
+chose them are recorded in RUN_DIR/best_checkpoint.json, written by process 0 before each save
+starts, so that a resumed run knows the committed best's loss: the record's loss for the step
+orbax holds (a record whose save never committed is ignored). A resumed run replays the evals
+since its checkpoint bit for bit, so it keeps the same best as an uninterrupted one; every
+process reads the same record (run directories are shared, as orbax requires) and so takes
+the same decisions, each save being collective.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import jax
+
+from scone_jax.artifacts.checkpoint import Checkpointer
+from scone_jax.artifacts.run_dir import BEST_RECORD_FILE, best_checkpoint_dir
+from scone_jax.atomic import atomic_write_json
+from scone_jax.errors import UserError
+
+
+class BestCheckpoint:
+    def __init__(self, run_dir: str | Path, eval_set: str, eval_sets, async_save: bool = True):
+        if eval_set not in eval_sets:
+            raise UserError(
+                f"checkpoint.keep_best={eval_set} is not an eval set of this run (expected one "
+                f"of: {', '.join(sorted(eval_sets)) or 'none: set data.eval_fraction > 0'})"
+            )
+        self.eval_set = eval_set
+        self.record_path = Path(run_dir) / BEST_RECORD_FILE
+        self.ckpt = Checkpointer(
+            best_checkpoint_dir(run_dir), every=1, keep=1, async_save=async_save
+        )
+        self.losses = self._read_record()  # step -> eval loss, for each best saved or started
+        kept = self.ckpt.latest_step()
+        self.best_loss = self.losses.get(kept, math.inf) if kept is not None else math.inf
+
+    def offer(self, step: int, results: dict[str, dict[str, float]], state) -> bool:
+        """Save `state` if this step's loss on the eval set is the lowest yet; returns whether."""
+        loss = results[self.eval_set]["loss"]
+        if not loss < self.best_loss:  # also refuses a NaN loss
+            return False
+        self.best_loss = loss
+        self.losses = {s: v for s, v in self.losses.items() if s < step} | {step: loss}
+        if jax.process_index() == 0:
+            atomic_write_json(
+                self.record_path,
+                {
+                    "eval_set": self.eval_set,
+                    "loss_at_step": {str(s): v for s, v in self.losses.items()},
+                },
+            )
+        return self.ckpt.maybe_save(step, state, force=True)
+
+    def best_step(self) -> int | None:
+        return max(self.losses) if self.losses else None
+
+    def close(self) -> None:
+        self.ckpt.close()
+
+    def _read_record(self) -> dict[int, float]:
+        if not self.record_path.is_file():
+            return {}
+        record = json.loads(self.record_path.read_text())
+        if record.get("eval_set") != self.eval_set:  # chosen on another set: not comparable
+            return {}
+        return {int(s): float(v) for s, v in record["loss_at_step"].items()}
