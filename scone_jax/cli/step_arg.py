@@ -10,13 +10,12 @@ from scone_jax.artifacts.run_dir import BEST
 def checkpoint_step(text: str) -> int | str:
     if text == BEST:
         return BEST
-    try:
+    if text.isascii() and text.isdigit():
         return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} (expected a step number, or {BEST} for the checkpoint that "
-            "checkpoint.keep_best kept)"
-        ) from None
+    raise argparse.ArgumentTypeError(
+        f"{text!r} (expected a step number, or {BEST} for the checkpoint that "
+        "checkpoint.keep_best kept)"
+    )
 
 
 def add_step_argument(parser: argparse.ArgumentParser, what: str) -> None:

@@ -557,7 +557,21 @@ CASES = [
         ["eval", RUN, "--step", "7"],
         "no checkpoint at step 7 (expected one of [1, 2])",
     ),
-    ("eval-step-not-an-int", ["eval", RUN, "--step", "last"], "invalid int value: 'last'"),
+    (
+        "eval-step-not-a-step",
+        ["eval", RUN, "--step", "last"],
+        "--step: 'last' (expected a step number, or best",
+    ),
+    (
+        "eval-best-never-kept",
+        ["eval", RUN, "--step", "best"],
+        "has no best checkpoint",
+    ),
+    (
+        "export-step-not-a-step",
+        ["export", RUN, "--out", "{tmp}/table", "--step", "-3"],
+        "--step: '-3' (expected a step number, or best",
+    ),
     ("eval-unknown-tier", ["eval", RUN, "--tier", "gpu"], "invalid choice: 'gpu'"),
     (
         "eval-missing-dataset",
