@@ -66,6 +66,7 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "tiny_scone_shuffled": ("tiny_scone", ["fgrams.permute_rows=true"]),
     "tiny_llama": ("tiny_llama", []),
     "tiny_llama_w2": ("tiny_llama", ["model.d_model=184"]),
+    "tiny_llama_x2": ("tiny_llama", ["model.n_layers=4"]),  # twice the layers, for depth
     "tiny_llama_scone": ("tiny_llama_scone", []),  # a 0.5x f-gram model, S = 80K
     "tiny_llama_scone_shuffled": ("tiny_llama_scone", ["fgrams.permute_rows=true"]),
 }
@@ -128,6 +129,12 @@ for rate in ("0.15", "0.3"):
 # the 1x (2-layer) f-gram model with the preset's S = 80K: 0.5x was picked at S = 20K, and more
 # f-grams might give a deeper model more to do
 VARIANTS["tiny_llama_scone_1x_s80k"] = ("tiny_llama_scone", ["fgrams.model_size=1x"])
+# the f-gram model's own weight decay (the backbone keeps the presets' 0.1)
+for decay in ("0.3", "1.0"):
+    VARIANTS[f"tiny_llama_scone_fwd{decay}"] = (
+        "tiny_llama_scone",
+        [f"optim.fgram_weight_decay={decay}"],
+    )
 # T trained by the backbone's path alone: F reads its rows without sending gradients back
 VARIANTS["tiny_llama_scone_detach"] = ("tiny_llama_scone", ["fgrams.detach_table=true"])
 # every f-gram seen twice or more

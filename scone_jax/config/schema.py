@@ -292,6 +292,7 @@ class OptimConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0  # 0 = no clipping
     fgram_lr_scale: float = 1.0  # the f-gram model's learning rate as a multiple of `lr`
+    fgram_weight_decay: float | None = None  # the f-gram model's own decay (None: weight_decay)
 
     def validate(self) -> None:
         _check(self.lr > 0, f"optim.lr={self.lr} (expected > 0)")
@@ -308,6 +309,11 @@ class OptimConfig:
         _check(
             self.fgram_lr_scale > 0,
             f"optim.fgram_lr_scale={self.fgram_lr_scale} (expected > 0)",
+        )
+        _check(
+            self.fgram_weight_decay is None or self.fgram_weight_decay >= 0,
+            f"optim.fgram_weight_decay={self.fgram_weight_decay} (expected >= 0, or null for "
+            "optim.weight_decay)",
         )
 
 

@@ -38,6 +38,19 @@ def fgram_mask(params):
     return jax.tree_util.tree_map_with_path(lambda path, _: _key_names(path)[0] == "fgram", params)
 
 
+def _decay_mask_where(in_fgram: bool):
+    """`decay_mask` restricted to the f-gram model's parameters (True) or to the others."""
+
+    def mask(params):
+        return jax.tree.map(
+            lambda decays, fgram: decays and fgram == in_fgram,
+            decay_mask(params),
+            fgram_mask(params),
+        )
+
+    return mask
+
+
 def _key_names(path) -> list[str]:
     """A parameter's path in the params dict as plain names."""
     return [str(getattr(k, "key", k)) for k in path]
@@ -50,16 +63,24 @@ def make_optimizer(
     chain = []
     if cfg.grad_clip > 0:
         chain.append(optax.clip_by_global_norm(cfg.grad_clip))
-    chain.append(
-        optax.adamw(
-            schedule,
-            b1=cfg.beta1,
-            b2=cfg.beta2,
-            eps=cfg.eps,
-            weight_decay=cfg.weight_decay,
-            mask=decay_mask,
+    if cfg.fgram_weight_decay is None:
+        chain.append(
+            optax.adamw(
+                schedule,
+                b1=cfg.beta1,
+                b2=cfg.beta2,
+                eps=cfg.eps,
+                weight_decay=cfg.weight_decay,
+                mask=decay_mask,
+            )
         )
-    )
+    else:  # AdamW's own three steps, with one decay for the backbone and one for the f-gram model
+        chain += [
+            optax.scale_by_adam(b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps),
+            optax.add_decayed_weights(cfg.weight_decay, mask=_decay_mask_where(False)),
+            optax.add_decayed_weights(cfg.fgram_weight_decay, mask=_decay_mask_where(True)),
+            optax.scale_by_learning_rate(schedule),
+        ]
     if cfg.fgram_lr_scale != 1.0:  # only then: the default state restores older checkpoints
         chain.append(optax.masked(optax.scale(cfg.fgram_lr_scale), fgram_mask))
     return optax.chain(*chain), schedule

@@ -154,3 +154,53 @@ def test_fgram_lr_scale_multiplies_the_fgram_models_updates_and_no_others(rng):
 def test_fgram_lr_scale_must_be_positive():
     with pytest.raises(UserError, match=r"optim.fgram_lr_scale=0"):
         OptimConfig(fgram_lr_scale=0.0).validate()
+
+
+def test_fgram_weight_decay_decays_the_fgram_models_matrices_alone_at_its_own_rate(rng):
+    """With its own decay the f-gram model's update is AdamW's at that decay, the backbone's is
+    AdamW's at optim.weight_decay, and setting it to optim.weight_decay changes nothing."""
+    base = OptimConfig(
+        lr=float(rng.uniform(1e-4, 1e-2)),
+        warmup_steps=0,
+        grad_clip=0.0,
+        weight_decay=float(rng.uniform(0.05, 0.5)),
+    )
+    fgram_decay = float(rng.uniform(0.6, 2.0))
+    params = {
+        "backbone": {"embed": rng.normal(size=(5, 3)), "norm": rng.normal(size=3)},
+        "fgram": {"w": rng.normal(size=(3, 4)), "output_gate": rng.normal(size=3)},
+    }
+    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+    grads = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), jnp.float32), params)
+
+    def updates_after_two_steps(cfg):
+        tx, _ = make_optimizer(cfg, total_steps=50)
+        state, p = tx.init(params), params
+        for _ in range(2):
+            update, state = tx.update(grads, state, p)
+            p = jax.tree.map(jnp.add, p, update)
+        return update
+
+    def with_(**kw):
+        return OptimConfig(**{**vars(base), **kw})
+
+    own = updates_after_two_steps(with_(fgram_weight_decay=fgram_decay))
+    plain = updates_after_two_steps(base)
+    everywhere = updates_after_two_steps(with_(weight_decay=fgram_decay))
+    same = updates_after_two_steps(with_(fgram_weight_decay=base.weight_decay))
+    for key, want in (("backbone", plain), ("fgram", everywhere), (None, plain)):
+        got_tree = own if key else same
+        for got, ref in zip(
+            jax.tree.leaves(got_tree[key] if key else got_tree),
+            jax.tree.leaves(want[key] if key else want),
+            strict=True,
+        ):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-5, atol=1e-8)
+    # and the decay did something: the f-gram matrix's update differs from the plain one's
+    assert not np.allclose(own["fgram"]["w"], plain["fgram"]["w"], rtol=1e-3)
+    np.testing.assert_array_equal(own["fgram"]["output_gate"], plain["fgram"]["output_gate"])
+
+
+def test_fgram_weight_decay_must_not_be_negative():
+    with pytest.raises(UserError, match=r"optim.fgram_weight_decay=-0.1"):
+        OptimConfig(fgram_weight_decay=-0.1).validate()
