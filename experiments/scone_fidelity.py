@@ -127,8 +127,9 @@ for rate in ("0.15", "0.3"):
         [f"fgrams.drop_rate={rate}", "fgrams.drop_to=suffix"],
     )
 # the 1x (2-layer) f-gram model with the preset's S = 80K: 0.5x was picked at S = 20K, and more
-# f-grams might give a deeper model more to do
-VARIANTS["tiny_llama_scone_1x_s80k"] = ("tiny_llama_scone", ["fgrams.model_size=1x"])
+# f-grams might give a deeper model more to do; 2x and 3x for the size sweep where depth helps
+for size in ("1x", "2x", "3x"):
+    VARIANTS[f"tiny_llama_scone_{size}_s80k"] = ("tiny_llama_scone", [f"fgrams.model_size={size}"])
 # the f-gram model's own weight decay (the backbone keeps the presets' 0.1)
 for decay in ("0.3", "1.0"):
     VARIANTS[f"tiny_llama_scone_fwd{decay}"] = (
