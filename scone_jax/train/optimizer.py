@@ -63,6 +63,8 @@ def make_optimizer(
     chain = []
     if cfg.grad_clip > 0:
         chain.append(optax.clip_by_global_norm(cfg.grad_clip))
+    # optax.adamw unless the f-gram model has its own decay: the default state keeps the layout
+    # that older checkpoints restore into (as for fgram_lr_scale below)
     if cfg.fgram_weight_decay is None:
         chain.append(
             optax.adamw(
@@ -74,7 +76,7 @@ def make_optimizer(
                 mask=decay_mask,
             )
         )
-    else:  # AdamW's own three steps, with one decay for the backbone and one for the f-gram model
+    else:  # AdamW's three steps, with one decay for the backbone and one for the f-gram model
         chain += [
             optax.scale_by_adam(b1=cfg.beta1, b2=cfg.beta2, eps=cfg.eps),
             optax.add_decayed_weights(cfg.weight_decay, mask=_decay_mask_where(False)),

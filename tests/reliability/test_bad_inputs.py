@@ -562,11 +562,7 @@ CASES = [
         ["eval", RUN, "--step", "last"],
         "--step: 'last' (expected a step number, or best",
     ),
-    (
-        "eval-best-never-kept",
-        ["eval", RUN, "--step", "best"],
-        "has no best checkpoint",
-    ),
+    ("eval-best-never-kept", ["eval", RUN, "--step", "best"], "has no best checkpoint"),
     (
         "export-step-not-a-step",
         ["export", RUN, "--out", "{tmp}/table", "--step", "-3"],

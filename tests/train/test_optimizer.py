@@ -125,30 +125,44 @@ def test_the_real_models_decay_their_random_matrices_and_nothing_else(family, sc
     assert all(on == (path[0].key == "fgram") for path, on in in_fgram.items())
 
 
-def test_fgram_lr_scale_multiplies_the_fgram_models_updates_and_no_others(rng):
-    """AdamW's update is elementwise, so scaling the f-gram model's learning rate must scale its
-    updates by exactly that factor, weight decay included, and leave the backbone's unchanged."""
-    scale = float(rng.uniform(0.1, 4.0))
-    base = OptimConfig(lr=float(rng.uniform(1e-4, 1e-2)), warmup_steps=0, grad_clip=0.0)
+def backbone_and_fgram_params(rng):
+    """A matrix and a vector on each side of the f-gram mask, and gradients for them."""
     params = {
         "backbone": {"embed": rng.normal(size=(5, 3)), "norm": rng.normal(size=3)},
         "fgram": {"w": rng.normal(size=(3, 4)), "output_gate": rng.normal(size=3)},
     }
     params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
     grads = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), jnp.float32), params)
+    return params, grads
 
-    def first_update(cfg):
-        tx, _ = make_optimizer(cfg, total_steps=50)
-        return tx.update(grads, tx.init(params), params)[0]
 
-    plain = first_update(base)
-    scaled = first_update(OptimConfig(**{**vars(base), "fgram_lr_scale": scale}))
-    for key in ("backbone", "fgram"):
-        factor = scale if key == "fgram" else 1.0
-        for got, want in zip(
-            jax.tree.leaves(scaled[key]), jax.tree.leaves(plain[key]), strict=True
-        ):
-            np.testing.assert_allclose(np.asarray(got), factor * np.asarray(want), rtol=1e-5)
+def update_at_step(cfg: OptimConfig, params, grads, steps: int):
+    """The optimizer's update at step `steps`, applying each earlier one to the params."""
+    tx, _ = make_optimizer(cfg, total_steps=50)
+    state = tx.init(params)
+    for _ in range(steps):
+        update, state = tx.update(grads, state, params)
+        params = jax.tree.map(jnp.add, params, update)
+    return update
+
+
+def assert_trees_close(got, want, factor: float = 1.0) -> None:
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g), factor * np.asarray(w), rtol=1e-5, atol=1e-8)
+
+
+def test_fgram_lr_scale_multiplies_the_fgram_models_updates_and_no_others(rng):
+    """AdamW's update is elementwise, so scaling the f-gram model's learning rate must scale its
+    updates by exactly that factor, weight decay included, and leave the backbone's unchanged."""
+    scale = float(rng.uniform(0.1, 4.0))
+    base = OptimConfig(lr=float(rng.uniform(1e-4, 1e-2)), warmup_steps=0, grad_clip=0.0)
+    params, grads = backbone_and_fgram_params(rng)
+    plain = update_at_step(base, params, grads, steps=1)
+    scaled = update_at_step(
+        OptimConfig(**{**vars(base), "fgram_lr_scale": scale}), params, grads, steps=1
+    )
+    assert_trees_close(scaled["backbone"], plain["backbone"])
+    assert_trees_close(scaled["fgram"], plain["fgram"], factor=scale)
 
 
 def test_fgram_lr_scale_must_be_positive():
@@ -166,36 +180,16 @@ def test_fgram_weight_decay_decays_the_fgram_models_matrices_alone_at_its_own_ra
         weight_decay=float(rng.uniform(0.05, 0.5)),
     )
     fgram_decay = float(rng.uniform(0.6, 2.0))
-    params = {
-        "backbone": {"embed": rng.normal(size=(5, 3)), "norm": rng.normal(size=3)},
-        "fgram": {"w": rng.normal(size=(3, 4)), "output_gate": rng.normal(size=3)},
-    }
-    params = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
-    grads = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), jnp.float32), params)
+    params, grads = backbone_and_fgram_params(rng)
 
-    def updates_after_two_steps(cfg):
-        tx, _ = make_optimizer(cfg, total_steps=50)
-        state, p = tx.init(params), params
-        for _ in range(2):
-            update, state = tx.update(grads, state, p)
-            p = jax.tree.map(jnp.add, p, update)
-        return update
+    def second_update(**overrides):  # the second step's moments are no longer g and g^2
+        return update_at_step(OptimConfig(**{**vars(base), **overrides}), params, grads, steps=2)
 
-    def with_(**kw):
-        return OptimConfig(**{**vars(base), **kw})
-
-    own = updates_after_two_steps(with_(fgram_weight_decay=fgram_decay))
-    plain = updates_after_two_steps(base)
-    everywhere = updates_after_two_steps(with_(weight_decay=fgram_decay))
-    same = updates_after_two_steps(with_(fgram_weight_decay=base.weight_decay))
-    for key, want in (("backbone", plain), ("fgram", everywhere), (None, plain)):
-        got_tree = own if key else same
-        for got, ref in zip(
-            jax.tree.leaves(got_tree[key] if key else got_tree),
-            jax.tree.leaves(want[key] if key else want),
-            strict=True,
-        ):
-            np.testing.assert_allclose(np.asarray(got), np.asarray(ref), rtol=1e-5, atol=1e-8)
+    own = second_update(fgram_weight_decay=fgram_decay)
+    plain = second_update()
+    assert_trees_close(own["backbone"], plain["backbone"])
+    assert_trees_close(own["fgram"], second_update(weight_decay=fgram_decay)["fgram"])
+    assert_trees_close(second_update(fgram_weight_decay=base.weight_decay), plain)
     # and the decay did something: the f-gram matrix's update differs from the plain one's
     assert not np.allclose(own["fgram"]["w"], plain["fgram"]["w"], rtol=1e-3)
     np.testing.assert_array_equal(own["fgram"]["output_gate"], plain["fgram"]["output_gate"])
