@@ -455,6 +455,7 @@ def report(args) -> None:
             }
         )
     plot_changes(summary, results / "change_vs_baseline.png")
+    plot_cost_curve(rows, "wikitext", 1500, results / "cost_curve_wikitext_llama.png")
     (results / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (results / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -494,6 +495,63 @@ def plot_changes(summary: list[dict], out: Path) -> None:
     )
     ax.set_ylabel("held-out perplexity vs baseline (%)")
     ax.set_title("SCONE against its own baseline (mean over seeds; lower is better)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+# section 14's setting: llama's backbone doubled two ways, and the f-gram model from 0.5x to 3x at
+# the preset's S = 80K and at S = 20K
+COST_CURVE_SERIES = {
+    "baseline, doubled by depth or width": ("tiny_llama", "tiny_llama_x2", "tiny_llama_w2"),
+    "SCONE, S = 80K, f-gram model 0.5x..3x": (
+        "tiny_llama_scone",
+        *(f"tiny_llama_scone_{size}_s80k" for size in ("1x", "2x", "3x")),
+    ),
+    "SCONE, S = 20K, f-gram model 0.5x..3x": (
+        "tiny_llama_scone_s20k",
+        *(f"tiny_llama_scone_{size}" for size in ("1x", "2x", "3x")),
+    ),
+}
+
+
+def plot_cost_curve(rows: list[dict], corpus: str, steps: int, out: Path) -> None:
+    """Held-out perplexity against training FLOPs (relative to the baseline's) for each series
+    of COST_CURVE_SERIES, seeds as dots and their means joined: which way to spend compute, a
+    bigger backbone or a bigger f-gram model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in rows if r["corpus"] == corpus and r["steps"] == steps]
+    base_flops = [r["train_flops"] for r in runs if r["variant"] == "tiny_llama"]
+    if not base_flops:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for k, (label, variants) in enumerate(COST_CURVE_SERIES.items()):
+        color, means = f"C{k}", []
+        for variant in variants:
+            points = [r for r in runs if r["variant"] == variant]
+            if not points:
+                continue
+            x = np.mean([r["train_flops"] for r in points]) / np.mean(base_flops)
+            y = [r["perplexity"] for r in points]
+            ax.plot([x] * len(y), y, "o", color=color, alpha=0.3, markersize=4)
+            name = {"tiny_llama": "baseline", "tiny_llama_scone": "the SCONE preset"}.get(
+                variant, variant.removeprefix("tiny_llama_")
+            )
+            ax.annotate(
+                name, (x, np.mean(y)), fontsize=7, xytext=(4, 4), textcoords="offset points"
+            )
+            means.append((x, np.mean(y)))
+        if means:
+            style = "s-" if label.startswith("SCONE") else "s"
+            ax.plot(*zip(*means), style, color=color, label=label)
+    ax.set_xlabel("training FLOPs vs the baseline")
+    ax.set_ylabel("held-out perplexity (seeds as dots)")
+    ax.set_title(f"llama on {corpus}, {steps} steps: where extra compute goes (lower is better)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=120)

@@ -99,3 +99,25 @@ def test_a_quarter_corpus_is_the_first_quarter_of_its_paragraphs(fidelity, tmp_p
     assert args == ["--corpus", str(work / "pynews_quarter.txt"), "--doc-split", "blank_line"]
     kept = [p.strip() for p in (work / "pynews_quarter.txt").read_text().split("\n\n")]
     assert kept == paragraphs[:2]
+
+
+def test_the_cost_curve_plots_known_variants_and_needs_a_baseline(fidelity, tmp_path):
+    plotted = [v for series in fidelity.COST_CURVE_SERIES.values() for v in series]
+    assert set(plotted) <= set(fidelity.VARIANTS)
+    rows = [
+        {
+            "corpus": "wikitext",
+            "steps": 1500,
+            "variant": v,
+            "seed": seed,
+            "perplexity": 20.0 + seed + i,
+            "train_flops": 1e12 * (1 + i / 4),
+        }
+        for i, v in enumerate(plotted)
+        for seed in range(3)
+    ]
+    out = tmp_path / "curve.png"
+    fidelity.plot_cost_curve(rows[3:], "wikitext", 1500, out)  # no baseline: nothing to scale by
+    assert not out.exists()
+    fidelity.plot_cost_curve(rows, "wikitext", 1500, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
