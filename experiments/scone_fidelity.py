@@ -451,14 +451,50 @@ def report(args) -> None:
                 "perplexity_mean": float(ppl.mean()),
                 "perplexity_sd": float(ppl.std(ddof=1)) if len(ppl) > 1 else 0.0,
                 "change_vs_baseline": float(np.mean(paired)) if paired else None,
+                "change_range": [float(min(paired)), float(max(paired))] if paired else None,
                 "train_flops_vs_baseline": float(flops),
             }
         )
     plot_changes(summary, results / "change_vs_baseline.png")
+    (results / "presets.md").write_text(preset_table(summary) + "\n")
     plot_cost_curve(rows, "wikitext", 1500, results / "cost_curve_wikitext_llama.png")
     (results / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (results / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+# the proof's corpora (docs/fidelity.md, "At a glance"): the quarter corpora and the picking
+# split wikitext_valid are diagnoses, not proof
+PROOF_CORPORA = ("embedded", "wikitext", "shakespeare", "libdocs", "vimdocs", "pynews")
+SHIPPED = {"gpt2": ("tiny", "tiny_scone"), "llama": ("tiny_llama", "tiny_llama_scone")}
+
+
+def preset_table(summary: list[dict]) -> str:
+    """The shipped SCONE presets against their baselines on the proof's corpora: one row per
+    (corpus, steps), each family's mean perplexities and its paired change over seeds."""
+    cell = {(r["corpus"], r["steps"], r["variant"]): r for r in summary}
+    header = "| corpus | steps |" + "".join(
+        f" {family} baseline | {family} SCONE | {family} change (mean; min..max) | seeds |"
+        for family in SHIPPED
+    )
+    lines = [header, "|---|---|" + "---|---|---|---|" * len(SHIPPED)]
+    for steps in sorted({r["steps"] for r in summary}):
+        for corpus in PROOF_CORPORA:
+            parts = []
+            for baseline, scone in SHIPPED.values():
+                base, ours = cell.get((corpus, steps, baseline)), cell.get((corpus, steps, scone))
+                if base is None or ours is None or ours["change_range"] is None:
+                    parts.append(" | | | |")
+                    continue
+                low, high = (100 * x for x in ours["change_range"])
+                parts.append(
+                    f" {base['perplexity_mean']:.2f} | {ours['perplexity_mean']:.2f} | "
+                    f"{100 * ours['change_vs_baseline']:+.1f}% ({low:+.1f}..{high:+.1f}) | "
+                    f"{ours['seeds']} |"
+                )
+            if any(part != " | | | |" for part in parts):
+                lines.append(f"| {corpus} | {steps} |" + "".join(parts))
+    return "\n".join(lines)
 
 
 # the plot shows the shipped presets (and llama's earlier one); summary.md has every variant

@@ -121,3 +121,27 @@ def test_the_cost_curve_plots_known_variants_and_needs_a_baseline(fidelity, tmp_
     assert not out.exists()
     fidelity.plot_cost_curve(rows, "wikitext", 1500, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_preset_table_pairs_each_family_and_leaves_out_corpora_not_run(fidelity):
+    def row(corpus, variant, ppl, change=None, spread=None):
+        return {
+            "corpus": corpus,
+            "steps": 400,
+            "variant": variant,
+            "seeds": 3,
+            "perplexity_mean": ppl,
+            "change_vs_baseline": change,
+            "change_range": spread,
+        }
+
+    summary = [
+        row("shakespeare", "tiny", 50.0, 0.0, [0.0, 0.0]),
+        row("shakespeare", "tiny_scone", 45.0, -0.1, [-0.12, -0.08]),
+        row("shakespeare", "tiny_llama", 40.0, 0.0, [0.0, 0.0]),
+        row("wikitext_valid", "tiny", 30.0, 0.0, [0.0, 0.0]),  # a diagnosis corpus: not a row
+        row("wikitext_valid", "tiny_scone", 29.0, -0.03, [-0.04, -0.02]),
+    ]
+    lines = fidelity.preset_table(summary).splitlines()
+    assert len(lines) == 3
+    assert lines[2] == ("| shakespeare | 400 | 50.00 | 45.00 | -10.0% (-12.0..-8.0) | 3 | | | | |")
