@@ -5,8 +5,10 @@ point still has that point to evaluate and export (`--step best`).
 Every eval that improves on the best saves a checkpoint there (orbax keeps one). The losses that
 chose them are recorded in RUN_DIR/best_checkpoint.json, written by process 0 before each save
 starts, so that a resumed run knows the committed best's loss: the record's loss for the step
-orbax holds (a record whose save never committed is ignored). A resumed run replays the evals
-since its checkpoint bit for bit, so it keeps the same best as an uninterrupted one; every
+orbax holds (a record whose save never committed is ignored). A regular checkpoint at step R
+is started only once every best at or before R has committed, so a run resumed from R replays
+exactly the evals whose bests may be missing, bit for bit, and keeps the same best as an
+uninterrupted one; every
 process reads the same record (run directories are shared, as orbax requires) and so takes
 the same decisions, each save being collective.
 """
@@ -37,14 +39,21 @@ class BestCheckpoint:
         self.ckpt = Checkpointer(
             best_checkpoint_dir(run_dir), every=1, keep=1, async_save=async_save
         )
-        self.losses = self._read_record()  # step -> eval loss, for each best saved or started
         kept = self.ckpt.latest_step()
-        self.best_loss = self.losses.get(kept, math.inf) if kept is not None else math.inf
+        # step -> eval loss of each committed best; a later entry's save never committed, and
+        # the resumed run replays its eval
+        self.losses = {
+            s: v for s, v in self._read_record().items() if kept is not None and s <= kept
+        }
+        self.best_loss = self.losses.get(kept, math.inf)
 
     def offer(self, step: int, results: dict[str, dict[str, float]], state) -> bool:
         """Save `state` if this step's loss on the eval set is the lowest yet; returns whether."""
         loss = results[self.eval_set]["loss"]
         if not loss < self.best_loss:  # also refuses a NaN loss
+            return False
+        kept = self.ckpt.latest_step()
+        if kept is not None and step <= kept:  # a replayed eval of a best already committed
             return False
         self.best_loss = loss
         self.losses = {s: v for s, v in self.losses.items() if s < step} | {step: loss}
@@ -57,6 +66,11 @@ class BestCheckpoint:
                 },
             )
         return self.ckpt.maybe_save(step, state, force=True)
+
+    def wait(self) -> None:
+        """Block until the best save in flight commits. The train loop calls this before each
+        regular checkpoint, so a run resumed from step R has every best up to R committed."""
+        self.ckpt.wait()
 
     def best_step(self) -> int | None:
         return max(self.losses) if self.losses else None

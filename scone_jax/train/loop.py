@@ -219,6 +219,8 @@ def train(cfg: Config) -> dict:
                         best.offer(step, results, state)
                     window_start, window_steps, window_flops = time.perf_counter(), 0, 0.0
                 logged = step
+                if best and step % cfg.checkpoint.every == 0:
+                    best.wait()
                 ckpt.maybe_save(step, state)
                 if stop := stop_agreed(received):
                     stopped_by = signal.Signals(stop).name
@@ -234,6 +236,8 @@ def train(cfg: Config) -> dict:
             can_save = clean or jax.process_count() == 1
             try:
                 if can_save and step > start and logged == step and ckpt.latest_step() != step:
+                    if best:
+                        best.wait()
                     ckpt.maybe_save(step, state, force=True)
             finally:
                 try:

@@ -3,6 +3,7 @@ whose last best never committed), and is what `--step best` evaluates and export
 
 import json
 import math
+import shutil
 import signal
 
 import jax
@@ -12,7 +13,7 @@ import pytest
 
 from scone_jax.artifacts.best import BestCheckpoint
 from scone_jax.artifacts.restore import load_run_params
-from scone_jax.artifacts.run_dir import BEST_RECORD_FILE, best_checkpoint_dir
+from scone_jax.artifacts.run_dir import BEST_RECORD_FILE, CHECKPOINTS_DIR, best_checkpoint_dir
 from scone_jax.config import load_config
 from scone_jax.errors import UserError
 from scone_jax.evaluation.run import evaluate_run
@@ -73,7 +74,10 @@ def test_a_resume_takes_the_committed_best_and_ignores_a_save_that_never_committ
     record["loss_at_step"]["6"] = 1.0
     (tmp_path / BEST_RECORD_FILE).write_text(json.dumps(record))
     resumed = BestCheckpoint(tmp_path, "heldout", EVAL_SETS, async_save=False)
-    assert resumed.best_loss == 2.0
+    assert resumed.best_loss == 2.0 and resumed.best_step() == 4
+    # a replayed eval of the committed best that comes out lower is not saved over it
+    offer_all(resumed, {4: 1.9}, rng)
+    assert kept_steps(tmp_path) == [4] and resumed.best_loss == 2.0
     states = offer_all(resumed, {5: 2.2, 6: 1.0}, rng)  # the replay saves step 6 after all
     resumed.close()
     assert kept_steps(tmp_path) == [6]
@@ -114,7 +118,11 @@ def test_training_keeps_the_step_of_lowest_heldout_loss_and_step_best_reads_it(
     lowest = min(evals, key=lambda s: (evals[s], s))  # brute force: the first lowest
     print("held-out loss by step:", evals)
     assert summary["best"]["step"] == lowest and kept_steps(run) == [lowest]
-    best, same_step = load_run_params(run, "best"), load_run_params(run, lowest)
+    same_step = load_run_params(run, lowest)
+    # the held-out loss here often falls to the last step, so "best" must not be able to read
+    # the regular checkpoints: every read below comes from best_checkpoint/
+    shutil.rmtree(run / "checkpoints")
+    best = load_run_params(run, "best")
     assert best.step == lowest
     assert jax.tree.all(
         jax.tree.map(lambda a, b: bool((a == b).all()), best.params, same_step.params)
@@ -177,3 +185,32 @@ def test_keep_best_needs_evals_and_step_best_needs_a_kept_best(markov_dataset, t
     assert "checkpoint.keep_best=heldout" in res.stderr.strip().splitlines()[-1]
     res = cli_run(["eval", str(tmp_path / "c"), "--step", "latest"])
     assert res.returncode == 2 and "'latest' (expected a step number, or best" in res.stderr
+
+
+def test_each_regular_checkpoint_waits_for_the_best_save_in_flight(
+    markov_dataset, tmp_path, monkeypatch
+):
+    """A run resumed from a regular checkpoint at R must find every best up to R committed."""
+    from scone_jax.artifacts.checkpoint import Checkpointer
+
+    events = []
+    real_wait, real_save = BestCheckpoint.wait, Checkpointer.maybe_save
+
+    def wait(self):
+        events.append("wait")
+        real_wait(self)
+
+    def maybe_save(self, step, state, force=False):
+        regular = self.directory.name == CHECKPOINTS_DIR and (force or step % self.every == 0)
+        if regular:
+            events.append(("save", step))
+        return real_save(self, step, state, force)
+
+    monkeypatch.setattr(BestCheckpoint, "wait", wait)
+    monkeypatch.setattr(Checkpointer, "maybe_save", maybe_save)
+    run = tmp_path / "run"
+    train(load_config("tiny", best_run_overrides(markov_dataset.path, run, steps=9)))
+    saves = [i for i, e in enumerate(events) if e != "wait"]
+    print("events:", events)
+    assert [events[i] for i in saves] == [("save", s) for s in (2, 4, 6, 8, 9)]
+    assert all(events[i - 1] == "wait" for i in saves)
