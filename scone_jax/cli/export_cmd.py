@@ -76,7 +76,10 @@ def run(args) -> int:
     topology = distributed_args.initialize_from_args(args)
     with distributed.failures_reported(args.run_dir), writing(outputs, args.command_line):
         check_outputs(args)
-        require_checkpoint(args.run_dir, args.step)
+        # "latest" is pinned to one step, so that the table and the backbone match even while
+        # the run is still training (a best checkpoint keeps one step and cannot be pinned)
+        checkpoint = require_checkpoint(args.run_dir, args.step)
+        step = checkpoint.step if args.step is None else args.step
         scone = load_run_config(args.run_dir).fgrams.enabled
         if scone and args.hf_out and not args.out:
             raise UserError(
@@ -88,7 +91,7 @@ def run(args) -> int:
                 args.run_dir,
                 args.out,
                 args.dtype,
-                args.step,
+                step,
                 args.batch_rows,
                 args.range_rows,
                 shard_rows=args.shard_rows,
@@ -96,9 +99,9 @@ def run(args) -> int:
                 overwrite=args.overwrite,
             )
         if args.backbone_out:
-            export_backbone(args.run_dir, args.backbone_out, args.step, args.overwrite)
+            export_backbone(args.run_dir, args.backbone_out, step, args.overwrite)
         if args.hf_out:
-            export_hf(args.run_dir, args.hf_out, args.out, args.step, args.overwrite)
+            export_hf(args.run_dir, args.hf_out, args.out, step, args.overwrite)
     if topology and topology.process_id != 0:
         return 0  # every process takes part (the restore, its rows); process 0 reports
     if args.out:

@@ -200,3 +200,30 @@ def test_baseline_run_has_nothing_to_export(markov_dataset, tmp_path):
     with pytest.raises(UserError, match="baseline"):
         export_table(tmp_path / "base", str(tmp_path / "t"), progress=False)
     assert not (tmp_path / "t").exists() and not (tmp_path / "t.partial").exists()
+
+
+def test_one_export_reads_one_step_even_if_a_checkpoint_lands_midway(run, tmp_path, monkeypatch):
+    """The table and the backbone of one `scone-jax export` come from the same checkpoint, also
+    when training writes a newer one while the table is being computed."""
+    import scone_jax.export.table as table_module
+    from scone_jax.artifacts.run_dir import checkpoints_dir
+    from scone_jax.cli.main import main
+
+    run_dir, _ = run
+    newer = checkpoints_dir(run_dir) / "999"
+    real_export_table = table_module.export_table
+
+    def export_then_a_checkpoint_lands(*args, **kwargs):
+        meta = real_export_table(*args, **kwargs)
+        newer.mkdir()  # the run's latest step now, though no export may read it
+        return meta
+
+    monkeypatch.setattr(table_module, "export_table", export_then_a_checkpoint_lands)
+    try:
+        argv = ["export", str(run_dir), "--out", str(tmp_path / "t"), "--no-progress"]
+        assert main([*argv, "--backbone-out", str(tmp_path / "b")]) == 0
+    finally:
+        newer.rmdir()
+    table_step = json.loads((tmp_path / "t" / "meta.json").read_text())["checkpoint_step"]
+    backbone_meta = json.loads((tmp_path / "b" / "meta.json").read_text())
+    assert backbone_meta["checkpoint_step"] == table_step < 999
