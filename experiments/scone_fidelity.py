@@ -452,6 +452,7 @@ def report(args) -> None:
                 "perplexity_sd": float(ppl.std(ddof=1)) if len(ppl) > 1 else 0.0,
                 "change_vs_baseline": float(np.mean(paired)) if paired else None,
                 "change_range": [float(min(paired)), float(max(paired))] if paired else None,
+                "paired_seeds": len(paired),
                 "train_flops_vs_baseline": float(flops),
             }
         )
@@ -471,7 +472,8 @@ SHIPPED = {"gpt2": ("tiny", "tiny_scone"), "llama": ("tiny_llama", "tiny_llama_s
 
 def preset_table(summary: list[dict]) -> str:
     """The shipped SCONE presets against their baselines on the proof's corpora: one row per
-    (corpus, steps), each family's mean perplexities and its paired change over seeds."""
+    (corpus, steps), each family's mean perplexities and its paired change over the seeds both
+    ran (the seeds column counts those pairs)."""
     cell = {(r["corpus"], r["steps"], r["variant"]): r for r in summary}
     header = "| corpus | steps |" + "".join(
         f" {family} baseline | {family} SCONE | {family} change (mean; min..max) | seeds |"
@@ -490,7 +492,7 @@ def preset_table(summary: list[dict]) -> str:
                 parts.append(
                     f" {base['perplexity_mean']:.2f} | {ours['perplexity_mean']:.2f} | "
                     f"{100 * ours['change_vs_baseline']:+.1f}% ({low:+.1f}..{high:+.1f}) | "
-                    f"{ours['seeds']} |"
+                    f"{ours['paired_seeds']} |"
                 )
             if any(part != " | | | |" for part in parts):
                 lines.append(f"| {corpus} | {steps} |" + "".join(parts))
