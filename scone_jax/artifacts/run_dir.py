@@ -32,7 +32,8 @@ MUTABLE_PREFIXES = (
     "train.log_every",
     "train.profile_",
     "checkpoint.every",
-    "checkpoint.keep",
+    "checkpoint.keep",  # and keep_best: its record names its eval set, so a resume that picks
+    # another set starts that set's best afresh rather than comparing losses across sets
     "checkpoint.async_save",
     "data.eval_datasets",
 )
