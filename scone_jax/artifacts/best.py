@@ -48,7 +48,9 @@ class BestCheckpoint:
         self.best_loss = self.losses.get(kept, math.inf)
 
     def offer(self, step: int, results: dict[str, dict[str, float]], state) -> bool:
-        """Save `state` if this step's loss on the eval set is the lowest yet; returns whether."""
+        """Save `state`'s params if this step's loss on the eval set is the lowest yet; returns
+        whether. The optimizer state stays out (twice the params under adam): a best is read
+        to evaluate and export, never to resume."""
         loss = results[self.eval_set]["loss"]
         if not loss < self.best_loss:  # also refuses a NaN loss
             return False
@@ -65,7 +67,8 @@ class BestCheckpoint:
                     "loss_at_step": {str(s): v for s, v in self.losses.items()},
                 },
             )
-        return self.ckpt.maybe_save(step, state, force=True)
+        kept_state = {"params": state["params"], "step": state["step"]}
+        return self.ckpt.maybe_save(step, kept_state, force=True)
 
     def wait(self) -> None:
         """Block until the best save in flight commits. The train loop calls this before each

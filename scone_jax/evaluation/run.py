@@ -6,10 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jax
-import numpy as np
-
-from scone_jax.artifacts.checkpoint import Checkpointer
+from scone_jax.artifacts.restore import load_run_params
 from scone_jax.artifacts.run_dir import load_run_config, require_checkpoint
 from scone_jax.errors import UserError
 from scone_jax.serve.engine import engine_from_run
@@ -37,8 +34,6 @@ def evaluate_run(
         engine = engine_from_run(run_dir, table, tier, step)
         results = evaluate_engine(engine, session.eval_sets, session.dataset.token_bytes)
         return {"step": engine.step, "table": table, "tier": tier, "results": results}
-    ckpt = Checkpointer(checkpoint.directory, cfg.checkpoint.every, cfg.checkpoint.keep, False)
-    state = ckpt.restore(session.setup.abstract_state, session.setup.shardings, checkpoint.step)
-    ckpt.close()
-    results = evaluate(session, session.eval_step(), state["params"])
-    return {"step": int(np.asarray(jax.device_get(state["step"]))), "results": results}
+    params = load_run_params(run_dir, checkpoint.step if step is None else step).params
+    results = evaluate(session, session.eval_step(), params)
+    return {"step": checkpoint.step, "results": results}

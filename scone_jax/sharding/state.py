@@ -12,7 +12,8 @@ from scone_jax.sharding.rules import MeshAxes, named_sharding
 
 
 def state_shardings(abstract_state, logical_axes, mesh: Mesh, rules: Mapping[str, MeshAxes]):
-    """Shardings for {params, opt_state, step}: optimizer moments follow their parameter."""
+    """Shardings for {params, opt_state, step}: optimizer moments follow their parameter. A
+    state without opt_state (a kept best, artifacts/best.py) gets none."""
     param_sh = jax.tree.map(
         lambda spec, leaf: named_sharding(tuple(spec), leaf.shape, mesh, rules),
         logical_axes,
@@ -27,9 +28,11 @@ def state_shardings(abstract_state, logical_axes, mesh: Mesh, rules: Mapping[str
             return param_sh
         return jax.tree.map(lambda _: replicated, node)
 
-    opt_sh = jax.tree.map(
-        opt_shardings,
-        abstract_state["opt_state"],
-        is_leaf=lambda n: jax.tree.structure(n) == param_struct,
-    )
-    return {"params": param_sh, "opt_state": opt_sh, "step": replicated}
+    shardings = {"params": param_sh, "step": replicated}
+    if "opt_state" in abstract_state:
+        shardings["opt_state"] = jax.tree.map(
+            opt_shardings,
+            abstract_state["opt_state"],
+            is_leaf=lambda n: jax.tree.structure(n) == param_struct,
+        )
+    return shardings

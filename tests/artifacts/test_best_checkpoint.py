@@ -39,6 +39,16 @@ def offer_all(best: BestCheckpoint, losses: dict[int, float], rng) -> dict[int, 
     return states
 
 
+def saved_tree(step_dir):
+    """The tree a checkpoint step holds, read from its metadata."""
+    import orbax.checkpoint as ocp
+
+    from scone_jax.artifacts.checkpoint import ITEM
+
+    meta = ocp.StandardCheckpointHandler().metadata(step_dir / ITEM)
+    return getattr(meta, "tree", meta)
+
+
 def restored_w(run_dir, step):
     from scone_jax.artifacts.checkpoint import Checkpointer
 
@@ -118,6 +128,11 @@ def test_training_keeps_the_step_of_lowest_heldout_loss_and_step_best_reads_it(
     lowest = min(evals, key=lambda s: (evals[s], s))  # brute force: the first lowest
     print("held-out loss by step:", evals)
     assert summary["best"]["step"] == lowest and kept_steps(run) == [lowest]
+    # the parameters only: the optimizer state, twice their size, is never read from a best
+    kept = saved_tree(best_checkpoint_dir(run) / str(lowest))
+    regular = saved_tree(run / CHECKPOINTS_DIR / str(lowest))
+    assert set(kept) == {"params", "step"} and "opt_state" in regular
+    assert jax.tree.structure(kept["params"]) == jax.tree.structure(regular["params"])
     same_step = load_run_params(run, lowest)
     # the held-out loss here often falls to the last step, so "best" must not be able to read
     # the regular checkpoints: every read below comes from best_checkpoint/
