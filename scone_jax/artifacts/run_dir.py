@@ -104,6 +104,15 @@ def best_checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / BEST_CHECKPOINT_DIR
 
 
+def committed_steps(directory: str | Path) -> list[int]:
+    """The steps of an orbax checkpoint directory, read from the names of its step directories
+    (orbax commits a save by renaming it to its step; a missing directory has none)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
+
+
 class CheckpointRef(NamedTuple):
     directory: Path  # an orbax checkpoint directory: checkpoints/ or best_checkpoint/
     step: int
@@ -119,11 +128,7 @@ def require_checkpoint(run_dir: str | Path, step: int | str | None = None) -> Ch
     if not (Path(run_dir) / CONFIG_FILE).is_file():
         raise UserError(f"{run_dir} is not a run directory (no {CONFIG_FILE})")
     directory = best_checkpoint_dir(run_dir) if step == BEST else checkpoints_dir(run_dir)
-    steps = (
-        sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
-        if directory.is_dir()
-        else []
-    )
+    steps = committed_steps(directory)
     if step == BEST:
         if not steps:
             raise UserError(

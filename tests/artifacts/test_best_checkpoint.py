@@ -13,7 +13,12 @@ import pytest
 
 from scone_jax.artifacts.best import BestCheckpoint
 from scone_jax.artifacts.restore import load_run_params
-from scone_jax.artifacts.run_dir import BEST_RECORD_FILE, CHECKPOINTS_DIR, best_checkpoint_dir
+from scone_jax.artifacts.run_dir import (
+    BEST_RECORD_FILE,
+    CHECKPOINTS_DIR,
+    best_checkpoint_dir,
+    committed_steps,
+)
 from scone_jax.config import load_config
 from scone_jax.errors import UserError
 from scone_jax.evaluation.run import evaluate_run
@@ -25,8 +30,7 @@ EVAL_SETS = {"heldout": [], "other": []}
 
 
 def kept_steps(run_dir) -> list[int]:
-    directory = best_checkpoint_dir(run_dir)
-    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+    return committed_steps(best_checkpoint_dir(run_dir))
 
 
 def offer_all(best: BestCheckpoint, losses: dict[int, float], rng) -> dict[int, np.ndarray]:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from scone_jax.artifacts.checkpoint import DAMAGED_DIR
+from scone_jax.artifacts.run_dir import checkpoints_dir, committed_steps
 from scone_jax.cli.main import main
 from scone_jax.config import load_config
 from scone_jax.data.dataset import TokenizedDataset
@@ -66,7 +67,7 @@ def test_a_full_disk_during_a_checkpoint_save(markov_dataset, tmp_path, async_sa
         f"cannot write a checkpoint in {run}/checkpoints: {ENOSPC}: '{run}/checkpoints/10.*'",
         str(refused.value),
     ), str(refused.value)
-    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.isdigit()) == ["5"]
+    assert committed_steps(checkpoints_dir(run)) == [5]
     before = snapshot(run / "checkpoints" / "5", markov_dataset.path)
 
     result = finish(

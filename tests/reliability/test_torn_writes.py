@@ -13,6 +13,7 @@ import pytest
 
 from scone_jax.artifacts.checkpoint import DAMAGED_DIR
 from scone_jax.artifacts.restore import load_run_params
+from scone_jax.artifacts.run_dir import checkpoints_dir, committed_steps
 from scone_jax.artifacts.table_store import PROGRESS
 from scone_jax.errors import UserError
 from scone_jax.export.table import export_table
@@ -92,9 +93,7 @@ def test_a_kill_inside_a_checkpoint_save_resumes_from_the_last_complete_one(
         killed(result)
         assert start_message(resumes_at) in result.stdout
         # orbax commits a save by renaming its directory to the step; anything else is never opened
-        resumes_at = max(
-            (int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit()), default=0
-        )
+        resumes_at = max(committed_steps(checkpoints_dir(run)), default=0)
         assert resumes_at in (step, step - every)
         print(
             f"killed at write {kill_at}/{count} of the save of step {step} (the commit is write "

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from scone_jax.artifacts.restore import load_run_params
+from scone_jax.artifacts.run_dir import checkpoints_dir, committed_steps
 from scone_jax.sharding.mesh import make_mesh
 from tests.conftest import make_dataset, markov_documents
 from tests.slurm.jobs import SlurmJob
@@ -79,7 +80,7 @@ def uninterrupted(cluster, dataset, tmp_path_factory):
 
 
 def saved_steps(run_dir) -> list[int]:
-    return sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    return committed_steps(checkpoints_dir(run_dir))
 
 
 def assert_stopped_by_sigterm(job: SlurmJob, run_dir, since: int) -> int:
