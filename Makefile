@@ -55,7 +55,8 @@ test-fidelity: venv
 	$(PY) -m pytest -n 2 -q -m slow tests/fidelity
 
 # the paper presets compiled at their own batch on their documented device count (fake CPU
-# devices; docs/training.md), and rematerialization's saving (about 10 minutes on 2 cores)
+# devices; docs/training.md), and rematerialization's saving (compiled, never run: about 30 s
+# on 2 cores)
 test-plans: venv
 	$(FAKE_DEVICES) $(PY) -m pytest -q -m slow tests/train/test_plan_presets.py
 
