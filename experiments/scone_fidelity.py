@@ -437,8 +437,9 @@ def report(args) -> None:
             if paired and variant != baseline_of(variant)
             else ""
         )
+        seeds = f"{len(runs)}" + (f" ({len(paired)} paired)" if 0 < len(paired) < len(runs) else "")
         lines.append(
-            f"| {corpus} | {steps} | {variant} | {len(runs)} | {ppl.mean():.2f} ± "
+            f"| {corpus} | {steps} | {variant} | {seeds} | {ppl.mean():.2f} ± "
             f"{ppl.std(ddof=1) if len(ppl) > 1 else 0:.2f} | {gain} | {flops:.2f}x | "
             f"{np.mean([r['match_rate'] for r in runs]):.2f} |"
         )

@@ -1,4 +1,4 @@
-"""checkpoint.keep_best: the train state of the lowest loss so far on one eval set, kept in
+"""checkpoint.keep_best: the parameters of the lowest loss so far on one eval set, kept in
 RUN_DIR/best_checkpoint/ beside the last-K checkpoints, so a run trained past its best held-out
 point still has that point to evaluate and export (`--step best`).
 
@@ -8,9 +8,10 @@ starts, so that a resumed run knows the committed best's loss: the record's loss
 orbax holds (a record whose save never committed is ignored). A regular checkpoint at step R
 is started only once every best at or before R has committed, so a run resumed from R replays
 exactly the evals whose bests may be missing, bit for bit, and keeps the same best as an
-uninterrupted one; every
-process reads the same record (run directories are shared, as orbax requires) and so takes
-the same decisions, each save being collective.
+uninterrupted one; every process reads the same record (run directories are shared, as orbax
+requires) and so takes the same decisions, each save being collective. A resume that measures
+the loss otherwise (another eval set, or another train.eval_batches) starts the best afresh:
+its losses are not comparable with the record's.
 """
 
 from __future__ import annotations
@@ -28,13 +29,21 @@ from scone_jax.errors import UserError
 
 
 class BestCheckpoint:
-    def __init__(self, run_dir: str | Path, eval_set: str, eval_sets, async_save: bool = True):
+    def __init__(
+        self,
+        run_dir: str | Path,
+        eval_set: str,
+        eval_sets,
+        eval_batches: int,
+        async_save: bool = True,
+    ):
         if eval_set not in eval_sets:
             raise UserError(
                 f"checkpoint.keep_best={eval_set} is not an eval set of this run (expected one "
                 f"of: {', '.join(sorted(eval_sets)) or 'none: set data.eval_fraction > 0'})"
             )
         self.eval_set = eval_set
+        self.eval_batches = eval_batches
         self.record_path = Path(run_dir) / BEST_RECORD_FILE
         self.ckpt = Checkpointer(
             best_checkpoint_dir(run_dir), every=1, keep=1, async_save=async_save
@@ -64,6 +73,7 @@ class BestCheckpoint:
                 self.record_path,
                 {
                     "eval_set": self.eval_set,
+                    "eval_batches": self.eval_batches,
                     "loss_at_step": {str(s): v for s, v in self.losses.items()},
                 },
             )
@@ -85,6 +95,7 @@ class BestCheckpoint:
         if not self.record_path.is_file():
             return {}
         record = json.loads(self.record_path.read_text())
-        if record.get("eval_set") != self.eval_set:  # chosen on another set: not comparable
+        measured_on = (record.get("eval_set"), record.get("eval_batches"))
+        if measured_on != (self.eval_set, self.eval_batches):  # losses not comparable
             return {}
         return {int(s): float(v) for s, v in record["loss_at_step"].items()}

@@ -1,4 +1,5 @@
-"""Orbax checkpoints of the whole train state: async saves, keep the last K, resume the latest.
+"""Orbax checkpoints of a train state (the whole state; a kept best, its params): async saves,
+keep the last K, resume the latest.
 
 The data position needs no extra state: batches are a pure function of (seed, step), so
 restoring `step` restores the data order too (data/pipeline.py). Orbax commits each save
@@ -54,6 +55,15 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
+    def due(self, step: int) -> bool:
+        """Whether `step` is on the save interval."""
+        return step % self.every == 0
+
+    def saved_tree(self, step: int):
+        """The tree of shapes and dtypes `step` holds, from its metadata (no array is read)."""
+        meta = ocp.StandardCheckpointHandler().metadata(self.step_dir(step) / ITEM)
+        return getattr(meta, "tree", meta)
+
     def maybe_save(self, step: int, state, force: bool = False) -> bool:
         """Save if `step` is on the interval (or `force`); returns whether a save started.
 
@@ -61,7 +71,7 @@ class Checkpointer:
         A save the storage refuses (here or, for async saves, at the next call) is a UserError,
         and later calls (the final save after that error) do nothing."""
         self._seal_finished()
-        if self._refused or not (force or step % self.every == 0):
+        if self._refused or not (force or self.due(step)):
             return False
         with self._storage_errors():
             started = self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
@@ -74,9 +84,8 @@ class Checkpointer:
         """The params of `step`. The rest of the state is described by the step's saved metadata,
         so no optimizer is built to restore a run; `shardings_of(state_shapes)` places it all."""
         verify_manifest(self.step_dir(step))
-        meta = ocp.StandardCheckpointHandler().metadata(self.step_dir(step) / ITEM)
         saved = jax.tree.map(
-            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), getattr(meta, "tree", meta)
+            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), self.saved_tree(step)
         )
         state_shapes = {**saved, "params": param_shapes}
         return self._restore(step, state_shapes, shardings_of(state_shapes))["params"]
@@ -142,8 +151,7 @@ class Checkpointer:
 
     def _check_layer_layout(self, step: int, state_shapes) -> None:
         """A checkpoint saved with the other `model.scan_layers` is refused in one line."""
-        meta = ocp.StandardCheckpointHandler().metadata(self.step_dir(step) / ITEM)
-        saved = layers_stacked(getattr(meta, "tree", meta)["params"])
+        saved = layers_stacked(self.saved_tree(step)["params"])
         wanted = layers_stacked(state_shapes["params"])
         if saved is not None and wanted is not None and saved != wanted:
             raise UserError(

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 
@@ -18,6 +19,7 @@ from scone_jax.artifacts.checkpoint import Checkpointer
 from scone_jax.artifacts.run_dir import (
     CONFIG_FILE,
     RUN_INFO_FILE,
+    CheckpointRef,
     load_run_config,
     require_checkpoint,
 )
@@ -44,10 +46,25 @@ class RunParams:
         return self.handle.merge(self.params)
 
 
+def agreed_checkpoint(run_dir: str | Path, step: int | str | None = None) -> CheckpointRef:
+    """`require_checkpoint`, with every process of a job taking process 0's step: a run still
+    training may commit a newer step between two processes' looks, and a restore is collective.
+    A command that reads a checkpoint more than once (a table and a backbone) resolves it here
+    once and passes the CheckpointRef on, so each read is of the same step."""
+    checkpoint = require_checkpoint(run_dir, step)
+    if jax.process_count() == 1:
+        return checkpoint
+    chosen = int(multihost_utils.broadcast_one_to_all(np.int64(checkpoint.step)))
+    return CheckpointRef(checkpoint.directory, chosen)
+
+
 def load_run_params(
-    run_dir: str | Path, step: int | str | None = None, mesh: Mesh | None = None
+    run_dir: str | Path,
+    step: int | str | CheckpointRef | None = None,
+    mesh: Mesh | None = None,
 ) -> RunParams:
-    """The params of a run's checkpoint: the latest, a step number, or "best"."""
+    """The params of a run's checkpoint: the latest, a step number, "best", or one already
+    resolved (`agreed_checkpoint`)."""
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir)
     info_path = run_dir / RUN_INFO_FILE
@@ -56,7 +73,7 @@ def load_run_params(
             f"{run_dir} has no {RUN_INFO_FILE} (expected a run directory made by `scone-jax train`)"
         )
     info = json.loads(info_path.read_text())
-    directory, step = require_checkpoint(run_dir, step)
+    directory, step = step if isinstance(step, CheckpointRef) else agreed_checkpoint(run_dir, step)
     mesh = mesh or make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     rules = make_rules(cfg.mesh.rules)
     handle, abstract_params = split_model(build_model_fn(cfg, info["vocab_size"]), cfg.train.seed)

@@ -32,8 +32,8 @@ MUTABLE_PREFIXES = (
     "train.log_every",
     "train.profile_",
     "checkpoint.every",
-    "checkpoint.keep",  # and keep_best: its record names its eval set, so a resume that picks
-    # another set starts that set's best afresh rather than comparing losses across sets
+    "checkpoint.keep",  # and keep_best: its record names its eval set and eval_batches, so a
+    # resume that measures otherwise starts the best afresh rather than comparing across them
     "checkpoint.async_save",
     "data.eval_datasets",
 )

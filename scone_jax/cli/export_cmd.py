@@ -59,7 +59,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from scone_jax.artifacts.lock import writing
-    from scone_jax.artifacts.run_dir import load_run_config, require_checkpoint
+    from scone_jax.artifacts.restore import agreed_checkpoint
+    from scone_jax.artifacts.run_dir import load_run_config
     from scone_jax.artifacts.table_store import parse_location
     from scone_jax.errors import UserError
     from scone_jax.export.backbone import export_backbone
@@ -76,10 +77,9 @@ def run(args) -> int:
     topology = distributed_args.initialize_from_args(args)
     with distributed.failures_reported(args.run_dir), writing(outputs, args.command_line):
         check_outputs(args)
-        # "latest" is pinned to one step, so that the table and the backbone match even while
-        # the run is still training (a best checkpoint keeps one step and cannot be pinned)
-        checkpoint = require_checkpoint(args.run_dir, args.step)
-        step = checkpoint.step if args.step is None else args.step
+        # one step for every export of this command, on every process, even while the run
+        # still trains (a newer best or latest between two reads would mix two checkpoints)
+        checkpoint = agreed_checkpoint(args.run_dir, args.step)
         scone = load_run_config(args.run_dir).fgrams.enabled
         if scone and args.hf_out and not args.out:
             raise UserError(
@@ -91,7 +91,7 @@ def run(args) -> int:
                 args.run_dir,
                 args.out,
                 args.dtype,
-                step,
+                checkpoint,
                 args.batch_rows,
                 args.range_rows,
                 shard_rows=args.shard_rows,
@@ -99,9 +99,9 @@ def run(args) -> int:
                 overwrite=args.overwrite,
             )
         if args.backbone_out:
-            export_backbone(args.run_dir, args.backbone_out, step, args.overwrite)
+            export_backbone(args.run_dir, args.backbone_out, checkpoint, args.overwrite)
         if args.hf_out:
-            export_hf(args.run_dir, args.hf_out, args.out, step, args.overwrite)
+            export_hf(args.run_dir, args.hf_out, args.out, checkpoint, args.overwrite)
     if topology and topology.process_id != 0:
         return 0  # every process takes part (the restore, its rows); process 0 reports
     if args.out:

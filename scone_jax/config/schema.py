@@ -364,7 +364,7 @@ class CheckpointConfig:
     every: int = 100  # save every N steps (and at the end, and on SIGTERM/SIGINT)
     keep: int = 3
     async_save: bool = True
-    # an eval set's name (e.g. heldout): also keep the state of its lowest loss so far in
+    # an eval set's name (e.g. heldout): also keep the parameters of its lowest loss so far in
     # RUN_DIR/best_checkpoint/ (`--step best` in eval and export); "" keeps no best
     keep_best: str = ""
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scone_jax.artifacts.restore import load_run_params
-from scone_jax.artifacts.run_dir import load_run_config, require_checkpoint
+from scone_jax.artifacts.restore import agreed_checkpoint, load_run_params
+from scone_jax.artifacts.run_dir import load_run_config
 from scone_jax.errors import UserError
 from scone_jax.serve.engine import engine_from_run
 from scone_jax.serve.evaluate import evaluate_engine
@@ -24,16 +24,15 @@ def evaluate_run(
     """Perplexity and bits per byte of a run's checkpoint on its held-out split and `extra_eval`
     datasets: with the live f-gram model, or with an exported table (`table`, in `tier`)."""
     cfg = load_run_config(run_dir)
-    checkpoint = require_checkpoint(run_dir, step)
+    checkpoint = agreed_checkpoint(run_dir, step)  # checked before any setup, read once
     session = open_session(cfg, Path(run_dir), extra_eval)
     if not session.eval_sets:
         raise UserError(
             f"run {run_dir} has no held-out split (data.eval_fraction=0); pass --dataset DIR"
         )
     if table is not None:
-        engine = engine_from_run(run_dir, table, tier, step)
+        engine = engine_from_run(run_dir, table, tier, checkpoint)
         results = evaluate_engine(engine, session.eval_sets, session.dataset.token_bytes)
         return {"step": engine.step, "table": table, "tier": tier, "results": results}
-    params = load_run_params(run_dir, checkpoint.step if step is None else step).params
-    results = evaluate(session, session.eval_step(), params)
+    results = evaluate(session, session.eval_step(), load_run_params(run_dir, checkpoint).params)
     return {"step": checkpoint.step, "results": results}

@@ -81,7 +81,11 @@ def train(cfg: Config) -> dict:
         session = open_session(cfg, run_dir)
         best = (
             BestCheckpoint(
-                run_dir, cfg.checkpoint.keep_best, session.eval_sets, cfg.checkpoint.async_save
+                run_dir,
+                cfg.checkpoint.keep_best,
+                session.eval_sets,
+                cfg.train.eval_batches,
+                cfg.checkpoint.async_save,
             )
             if cfg.checkpoint.keep_best
             else None
@@ -219,7 +223,7 @@ def train(cfg: Config) -> dict:
                         best.offer(step, results, state)
                     window_start, window_steps, window_flops = time.perf_counter(), 0, 0.0
                 logged = step
-                if best and step % cfg.checkpoint.every == 0:
+                if best and ckpt.due(step):
                     best.wait()
                 ckpt.maybe_save(step, state)
                 if stop := stop_agreed(received):

@@ -1,5 +1,5 @@
-"""checkpoint.keep_best: the state of the lowest eval loss is kept, survives a resume (also one
-whose last best never committed), and is what `--step best` evaluates and exports."""
+"""checkpoint.keep_best: the parameters of the lowest eval loss are kept, survive a resume (also
+one whose last best never committed), and are what `--step best` evaluates and exports."""
 
 import json
 import math
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from scone_jax.artifacts.best import BestCheckpoint
+from scone_jax.artifacts.checkpoint import Checkpointer
 from scone_jax.artifacts.restore import load_run_params
 from scone_jax.artifacts.run_dir import (
     BEST_RECORD_FILE,
@@ -27,6 +28,7 @@ from scone_jax.train.loop import train
 from tests.train.helpers import cli, cli_run, read_metrics, tiny_overrides, wait_for_step
 
 EVAL_SETS = {"heldout": [], "other": []}
+EVAL_BATCHES = 4
 
 
 def kept_steps(run_dir) -> list[int]:
@@ -43,19 +45,14 @@ def offer_all(best: BestCheckpoint, losses: dict[int, float], rng) -> dict[int, 
     return states
 
 
-def saved_tree(step_dir):
-    """The tree a checkpoint step holds, read from its metadata."""
-    import orbax.checkpoint as ocp
-
-    from scone_jax.artifacts.checkpoint import ITEM
-
-    meta = ocp.StandardCheckpointHandler().metadata(step_dir / ITEM)
-    return getattr(meta, "tree", meta)
+def saved_tree(directory, step):
+    ckpt = Checkpointer(directory, every=1, keep=1, async_save=False)
+    tree = ckpt.saved_tree(step)
+    ckpt.close()
+    return tree
 
 
 def restored_w(run_dir, step):
-    from scone_jax.artifacts.checkpoint import Checkpointer
-
     ckpt = Checkpointer(best_checkpoint_dir(run_dir), every=1, keep=1, async_save=False)
     shapes = {
         "params": {"w": jax.ShapeDtypeStruct((3, 2), jnp.float32)},
@@ -68,7 +65,7 @@ def restored_w(run_dir, step):
 
 
 def test_the_lowest_loss_is_kept_and_nan_never_is(tmp_path, rng):
-    best = BestCheckpoint(tmp_path, "heldout", EVAL_SETS, async_save=True)
+    best = BestCheckpoint(tmp_path, "heldout", EVAL_SETS, EVAL_BATCHES, async_save=True)
     losses = {2: 3.0, 4: 2.0, 6: 2.5, 8: 1.5, 10: 1.7, 12: math.nan, 14: 1.5}
     states = offer_all(best, losses, rng)
     assert best.best_step() == 8 and best.best_loss == 1.5  # a tie keeps the earlier step
@@ -76,18 +73,22 @@ def test_the_lowest_loss_is_kept_and_nan_never_is(tmp_path, rng):
     assert kept_steps(tmp_path) == [8]
     np.testing.assert_array_equal(restored_w(tmp_path, 8), states[8])
     record = json.loads((tmp_path / BEST_RECORD_FILE).read_text())
-    assert record == {"eval_set": "heldout", "loss_at_step": {"2": 3.0, "4": 2.0, "8": 1.5}}
+    assert record == {
+        "eval_set": "heldout",
+        "eval_batches": EVAL_BATCHES,
+        "loss_at_step": {"2": 3.0, "4": 2.0, "8": 1.5},
+    }
 
 
 def test_a_resume_takes_the_committed_best_and_ignores_a_save_that_never_committed(tmp_path, rng):
-    best = BestCheckpoint(tmp_path, "heldout", EVAL_SETS, async_save=False)
+    best = BestCheckpoint(tmp_path, "heldout", EVAL_SETS, EVAL_BATCHES, async_save=False)
     offer_all(best, {2: 3.0, 4: 2.0}, rng)
     best.close()
     # killed after the record of step 6 was written, before its save committed
     record = json.loads((tmp_path / BEST_RECORD_FILE).read_text())
     record["loss_at_step"]["6"] = 1.0
     (tmp_path / BEST_RECORD_FILE).write_text(json.dumps(record))
-    resumed = BestCheckpoint(tmp_path, "heldout", EVAL_SETS, async_save=False)
+    resumed = BestCheckpoint(tmp_path, "heldout", EVAL_SETS, EVAL_BATCHES, async_save=False)
     assert resumed.best_loss == 2.0 and resumed.best_step() == 4
     # a replayed eval of the committed best that comes out lower is not saved over it
     offer_all(resumed, {4: 1.9}, rng)
@@ -96,15 +97,17 @@ def test_a_resume_takes_the_committed_best_and_ignores_a_save_that_never_committ
     resumed.close()
     assert kept_steps(tmp_path) == [6]
     np.testing.assert_array_equal(restored_w(tmp_path, 6), states[6])
-    # another eval set's losses are not comparable: its first eval is a new best
-    other = BestCheckpoint(tmp_path, "other", EVAL_SETS, async_save=False)
-    assert other.best_loss == math.inf
-    other.close()
+    # losses of another eval set, or over more batches, are not comparable: the first eval of
+    # such a resume is a new best
+    for eval_set, batches in (("other", EVAL_BATCHES), ("heldout", 2 * EVAL_BATCHES)):
+        other = BestCheckpoint(tmp_path, eval_set, EVAL_SETS, batches, async_save=False)
+        assert other.best_loss == math.inf and other.best_step() is None
+        other.close()
 
 
 def test_an_unknown_eval_set_is_refused_in_one_line(tmp_path):
     with pytest.raises(UserError, match=r"keep_best=hedlout is not an eval set.*heldout, other"):
-        BestCheckpoint(tmp_path, "hedlout", EVAL_SETS)
+        BestCheckpoint(tmp_path, "hedlout", EVAL_SETS, EVAL_BATCHES)
 
 
 def best_run_overrides(dataset, run_dir, steps=24, **extra):
@@ -133,8 +136,10 @@ def test_training_keeps_the_step_of_lowest_heldout_loss_and_step_best_reads_it(
     print("held-out loss by step:", evals)
     assert summary["best"]["step"] == lowest and kept_steps(run) == [lowest]
     # the parameters only: the optimizer state, twice their size, is never read from a best
-    kept = saved_tree(best_checkpoint_dir(run) / str(lowest))
-    regular = saved_tree(run / CHECKPOINTS_DIR / str(lowest))
+    kept, regular = (
+        saved_tree(directory, lowest)
+        for directory in (best_checkpoint_dir(run), run / CHECKPOINTS_DIR)
+    )
     assert set(kept) == {"params", "step"} and "opt_state" in regular
     assert jax.tree.structure(kept["params"]) == jax.tree.structure(regular["params"])
     same_step = load_run_params(run, lowest)
@@ -209,27 +214,41 @@ def test_keep_best_needs_evals_and_step_best_needs_a_kept_best(markov_dataset, t
 def test_each_regular_checkpoint_waits_for_the_best_save_in_flight(
     markov_dataset, tmp_path, monkeypatch
 ):
-    """A run resumed from a regular checkpoint at R must find every best up to R committed."""
-    from scone_jax.artifacts.checkpoint import Checkpointer
-
-    events = []
-    real_wait, real_save = BestCheckpoint.wait, Checkpointer.maybe_save
+    """A run resumed from a regular checkpoint at R must find every best up to R committed: when
+    each regular save starts, the newest best offered at or before it is on disk under its step
+    (orbax writes an async save under a temporary name and renames it when it commits). A tiny
+    save often commits that fast anyway, so the loop must also be seen waiting before each."""
+    run = tmp_path / "run"
+    offered, committed_at_save, events = [], {}, []
+    real_offer, real_save, real_wait = (
+        BestCheckpoint.offer,
+        Checkpointer.maybe_save,
+        BestCheckpoint.wait,
+    )
 
     def wait(self):
         events.append("wait")
         real_wait(self)
 
+    def offer(self, step, results, state):
+        saved = real_offer(self, step, results, state)
+        if saved:
+            offered.append(step)
+        return saved
+
     def maybe_save(self, step, state, force=False):
-        regular = self.directory.name == CHECKPOINTS_DIR and (force or step % self.every == 0)
-        if regular:
-            events.append(("save", step))
+        if self.directory.name == CHECKPOINTS_DIR and (force or self.due(step)):
+            committed_at_save[step] = committed_steps(best_checkpoint_dir(run))
+            events.append("save")
         return real_save(self, step, state, force)
 
-    monkeypatch.setattr(BestCheckpoint, "wait", wait)
+    monkeypatch.setattr(BestCheckpoint, "offer", offer)
     monkeypatch.setattr(Checkpointer, "maybe_save", maybe_save)
-    run = tmp_path / "run"
+    monkeypatch.setattr(BestCheckpoint, "wait", wait)
     train(load_config("tiny", best_run_overrides(markov_dataset.path, run, steps=9)))
-    saves = [i for i, e in enumerate(events) if e != "wait"]
-    print("events:", events)
-    assert [events[i] for i in saves] == [("save", s) for s in (2, 4, 6, 8, 9)]
-    assert all(events[i - 1] == "wait" for i in saves)
+    assert events == ["wait", "save"] * 5
+    print("bests saved:", offered, "best on disk at each regular save:", committed_at_save)
+    assert sorted(committed_at_save) == [2, 4, 6, 8, 9] and offered
+    for step, on_disk in committed_at_save.items():
+        newest = max((s for s in offered if s <= step), default=None)
+        assert on_disk[-1:] == ([newest] if newest is not None else [])

@@ -3,8 +3,10 @@ that loads, is paired with a baseline of its own family and recipe, and writes i
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -146,3 +148,30 @@ def test_the_preset_table_pairs_each_family_and_leaves_out_corpora_not_run(fidel
     lines = fidelity.preset_table(summary).splitlines()
     assert len(lines) == 3
     assert lines[2] == ("| shakespeare | 400 | 50.00 | 45.00 | -10.0% (-12.0..-8.0) | 3 | | | | |")
+
+
+def test_the_report_pairs_seeds_and_says_how_many_pairs_a_change_rests_on(fidelity, tmp_path):
+    def run(variant, seed, perplexity):
+        return {
+            "corpus": "embedded",
+            "variant": variant,
+            "seed": seed,
+            "steps": 400,
+            "perplexity": perplexity,
+            "train_flops": 2.0 if "scone" in variant else 1.0,
+            "match_rate": 0.5,
+        }
+
+    results = tmp_path / "results"
+    results.mkdir()
+    earlier = [run("tiny", 0, 50.0), run("tiny", 1, 40.0)]
+    earlier += [run("tiny_scone", 0, 45.0), run("tiny_scone", 1, 38.0), run("tiny_scone", 2, 1.0)]
+    (results / "runs.json").write_text(json.dumps(earlier))
+    fidelity.report(argparse.Namespace(out=str(tmp_path / "none"), results=str(results)))
+    summary = {r["variant"]: r for r in json.loads((results / "summary.json").read_text())}
+    ours = summary["tiny_scone"]
+    # seed 2 has no baseline: it counts in the mean perplexity, not in the change
+    assert ours["seeds"] == 3 and ours["paired_seeds"] == 2
+    assert ours["change_vs_baseline"] == pytest.approx((45 / 50 + 38 / 40) / 2 - 1)
+    assert "| embedded | 400 | tiny_scone | 3 (2 paired) |" in (results / "summary.md").read_text()
+    assert "| 2 |" in (results / "presets.md").read_text()

@@ -9,6 +9,7 @@ benchmarks/): a failure report names the failure, a lost peer its silence.
 import os
 import signal
 
+from scone_jax.artifacts.run_dir import CONFIG_FILE, checkpoints_dir
 from tests.conftest import make_dataset, markov_documents
 from tests.multihost.helpers import worker_job
 
@@ -109,3 +110,13 @@ def test_a_runtime_error_of_its_own_is_published_once_the_peers_are_seen_alive()
         r"^\[p1\] scone-jax: process 0 of 2 failed \(JaxRuntimeError: injected failure at step 10\)"
     )
     assert job.status(0) == 1 and job.status(1) == 75
+
+
+def test_every_process_reads_the_step_process_0_resolved(tmp_path):
+    """A run still training may commit a step between two processes' looks at it; a collective
+    restore of two different steps would hang or mix them."""
+    (tmp_path / CONFIG_FILE).write_text("{}")
+    (checkpoints_dir(tmp_path) / "2").mkdir(parents=True)
+    job = worker_job(2, "agreed-checkpoint", str(tmp_path), env=FAST)
+    assert job.finish(120) == 0, job.output[-3000:]
+    assert "[p0] AGREED STEP 2" in job.lines and "[p1] AGREED STEP 2" in job.lines

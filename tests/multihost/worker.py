@@ -9,7 +9,9 @@ Joins through `scone_jax.runtime.distributed.initialize()` (SCONE_* environment)
 - `runtime-error alone|others-die`: process 0 raises a runtime (XLA-like) error at step 10,
   alone or as the others die;
 - `barrier-fail P`: process P fails while the others wait at a `distributed.barrier` (as they
-  do while process 0 tokenizes the corpus).
+  do while process 0 tokenizes the corpus);
+- `agreed-checkpoint RUN_DIR`: every process resolves the run's latest checkpoint, process 1
+  seeing a step one interval newer (as when training commits one between two looks).
 Prints `PID p PROCESS i` and `STEP k` lines so the test can tell where the job is.
 """
 
@@ -82,6 +84,17 @@ def data_split() -> None:
     print("DATA OK", flush=True)
 
 
+def agreed_checkpoint(run_dir: str) -> None:
+    import jax
+
+    from scone_jax.artifacts import restore
+
+    if jax.process_index() == 1:
+        looked = restore.require_checkpoint(run_dir)
+        restore.require_checkpoint = lambda *_: looked._replace(step=looked.step + 2)
+    print(f"AGREED STEP {restore.agreed_checkpoint(run_dir).step}", flush=True)
+
+
 def main() -> None:
     topology = distributed.initialize()
     print(f"PID {os.getpid()} PROCESS {topology.process_id}", flush=True)
@@ -97,6 +110,8 @@ def main() -> None:
             collectives(None)
         elif mode == "runtime-error":
             collectives(None, 10, 0, JaxRuntimeError, others_die=sys.argv[2] == "others-die")
+        elif mode == "agreed-checkpoint":
+            agreed_checkpoint(sys.argv[2])
         elif mode == "barrier-fail":
             if distributed.initialize().process_id == int(sys.argv[2]):
                 time.sleep(1)
