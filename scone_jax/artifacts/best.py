@@ -49,11 +49,10 @@ class BestCheckpoint:
             best_checkpoint_dir(run_dir), every=1, keep=1, async_save=async_save
         )
         kept = self.ckpt.latest_step()
+        record = self._read_record() if kept is not None else {}
         # step -> eval loss of each committed best; a later entry's save never committed, and
         # the resumed run replays its eval
-        self.losses = {
-            s: v for s, v in self._read_record().items() if kept is not None and s <= kept
-        }
+        self.losses = {s: v for s, v in record.items() if s <= kept}
         self.best_loss = self.losses.get(kept, math.inf)
 
     def offer(self, step: int, results: dict[str, dict[str, float]], state) -> bool:

@@ -18,6 +18,7 @@ from scone_jax.artifacts.run_dir import (
     BEST_RECORD_FILE,
     CHECKPOINTS_DIR,
     best_checkpoint_dir,
+    checkpoints_dir,
     committed_steps,
 )
 from scone_jax.config import load_config
@@ -138,14 +139,14 @@ def test_training_keeps_the_step_of_lowest_heldout_loss_and_step_best_reads_it(
     # the parameters only: the optimizer state, twice their size, is never read from a best
     kept, regular = (
         saved_tree(directory, lowest)
-        for directory in (best_checkpoint_dir(run), run / CHECKPOINTS_DIR)
+        for directory in (best_checkpoint_dir(run), checkpoints_dir(run))
     )
     assert set(kept) == {"params", "step"} and "opt_state" in regular
     assert jax.tree.structure(kept["params"]) == jax.tree.structure(regular["params"])
     same_step = load_run_params(run, lowest)
     # the held-out loss here often falls to the last step, so "best" must not be able to read
     # the regular checkpoints: every read below comes from best_checkpoint/
-    shutil.rmtree(run / "checkpoints")
+    shutil.rmtree(checkpoints_dir(run))
     best = load_run_params(run, "best")
     assert best.step == lowest
     assert jax.tree.all(
