@@ -19,6 +19,7 @@ from scone_jax.artifacts.checkpoint import Checkpointer
 from scone_jax.artifacts.run_dir import (
     CONFIG_FILE,
     RUN_INFO_FILE,
+    CheckpointChoice,
     CheckpointRef,
     load_run_config,
     require_checkpoint,
@@ -60,7 +61,7 @@ def agreed_checkpoint(run_dir: str | Path, step: int | str | None = None) -> Che
 
 def load_run_params(
     run_dir: str | Path,
-    step: int | str | CheckpointRef | None = None,
+    step: CheckpointChoice = None,
     mesh: Mesh | None = None,
 ) -> RunParams:
     """The params of a run's checkpoint: the latest, a step number, "best", or one already

@@ -118,6 +118,11 @@ class CheckpointRef(NamedTuple):
     step: int
 
 
+# what a command may name a checkpoint by: the latest (None), a step number, "best", or a
+# CheckpointRef already resolved, so that every read of one command is of the same step
+CheckpointChoice = int | str | CheckpointRef | None
+
+
 def require_checkpoint(run_dir: str | Path, step: int | str | None = None) -> CheckpointRef:
     """Where the checkpoint of a run to read is (the latest when `step` is None, the one that
     checkpoint.keep_best kept when it is "best"), checked before any setup.

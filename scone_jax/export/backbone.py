@@ -9,7 +9,7 @@ import jax
 
 from scone_jax.artifacts.backbone import FORMAT_VERSION, write_backbone
 from scone_jax.artifacts.restore import host_params, load_run_params
-from scone_jax.artifacts.run_dir import CheckpointRef
+from scone_jax.artifacts.run_dir import CheckpointChoice
 from scone_jax.config import to_dict
 from scone_jax.data.tokenizer import find_tokenizer_file
 from scone_jax.runtime.distributed import barrier
@@ -18,7 +18,7 @@ from scone_jax.runtime.distributed import barrier
 def export_backbone(
     run_dir: str | Path,
     out: str | Path,
-    step: int | str | CheckpointRef | None = None,
+    step: CheckpointChoice = None,
     overwrite: bool = False,
 ) -> dict:
     """In a multi-process job every process takes part in the restore, and process 0 writes."""

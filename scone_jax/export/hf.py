@@ -19,7 +19,7 @@ from safetensors.numpy import save_file
 
 from scone_jax.artifacts.hf_checkpoint import CONFIG, hf_config, to_hf_tensors, write_weights
 from scone_jax.artifacts.restore import host_params, load_run_params
-from scone_jax.artifacts.run_dir import CheckpointRef
+from scone_jax.artifacts.run_dir import CheckpointChoice
 from scone_jax.atomic import atomic_dir
 from scone_jax.config.schema import ModelConfig
 from scone_jax.data.dataset import META_FILE
@@ -45,7 +45,7 @@ def export_hf(
     run_dir: str | Path,
     out: str | Path,
     table_url: str | None = None,
-    step: int | str | CheckpointRef | None = None,
+    step: CheckpointChoice = None,
     overwrite: bool = False,
 ) -> dict:
     """Write the checkpoint; a SCONE run needs its exported table (`table_url`, any dtype:

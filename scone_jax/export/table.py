@@ -27,7 +27,7 @@ import tensorstore as ts
 from jax.sharding import NamedSharding
 
 from scone_jax.artifacts.restore import RunParams, load_run_params, on_local_devices
-from scone_jax.artifacts.run_dir import CheckpointRef
+from scone_jax.artifacts.run_dir import CheckpointChoice
 from scone_jax.artifacts.table_store import (
     FGRAM_SET_DIR,
     FORMAT_VERSION,
@@ -290,7 +290,7 @@ def export_table(
     run_dir: str | Path,
     url: str,
     dtype: str = "float32",
-    step: int | str | CheckpointRef | None = None,
+    step: CheckpointChoice = None,
     batch_rows: int = 1024,
     range_rows: int = 65536,
     chunk_rows: int = 0,

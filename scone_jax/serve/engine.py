@@ -12,7 +12,7 @@ from flax import nnx
 
 from scone_jax.artifacts.backbone import load_backbone
 from scone_jax.artifacts.restore import load_run_params
-from scone_jax.artifacts.run_dir import CheckpointRef
+from scone_jax.artifacts.run_dir import CheckpointChoice
 from scone_jax.config.schema import ModelConfig
 from scone_jax.errors import UserError
 from scone_jax.model import Transformer
@@ -93,7 +93,7 @@ def engine_from_run(
     run_dir: str | Path,
     table_url: str | None,
     tier: str = "host",
-    step: int | str | CheckpointRef | None = None,
+    step: CheckpointChoice = None,
     cache_bytes: int = 256 << 20,
 ) -> Engine:
     """The backbone of a run's checkpoint, with an exported table (required for SCONE runs)."""
