@@ -100,18 +100,52 @@ def check_output_path(path: str | os.PathLike, what: str, is_file: bool = False)
         raise UserError(f"{what} {path} cannot be created: {ancestor} is not a directory")
 
 
-@contextlib.contextmanager
-def atomic_dir(final: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary sibling directory; rename it to `final` only if the block succeeds.
-
-    An existing `final` is refused unless `overwrite`; on failure the temporary directory is
-    removed and `final` is untouched. A write the storage refuses is a one-line UserError.
-    """
+def check_replaceable(
+    final: str | os.PathLike, overwrite: bool, marker: str | None, kind: str
+) -> None:
+    """Refuse an existing output directory unless `overwrite` may replace it: never one that
+    holds the current directory, and, where `marker` names the file every `kind` holds, only an
+    empty directory or one holding it, so an --overwrite given a dataset, a run or a home
+    directory by mistake deletes nothing. `marker` None is for paths the code names itself."""
     final = Path(final)
-    if final.exists() and not overwrite:
+    if not final.exists():
+        return
+    if not overwrite:
         raise UserError(
             f"output directory {final} already exists (expected a new path; remove it first)"
         )
+    if Path.cwd().resolve().is_relative_to(final.resolve()):
+        raise UserError(
+            f"output directory {final} holds the current directory (expected a path elsewhere)"
+        )
+    if (
+        marker is not None
+        and final.is_dir()
+        and any(final.iterdir())
+        and not (final / marker).is_file()
+    ):
+        raise UserError(
+            f"output directory {final} exists and is not {kind} (expected a new path, or {kind} "
+            "to replace)"
+        )
+
+
+@contextlib.contextmanager
+def atomic_dir(
+    final: str | os.PathLike,
+    overwrite: bool = False,
+    *,
+    marker: str | None = None,
+    kind: str = "an artifact of this kind",
+) -> Iterator[Path]:
+    """Yield a temporary sibling directory; rename it to `final` only if the block succeeds.
+
+    An existing `final` is refused unless `overwrite` and `check_replaceable` allow it; on
+    failure the temporary directory is removed and `final` is untouched. A write the storage
+    refuses is a one-line UserError.
+    """
+    final = Path(final)
+    check_replaceable(final, overwrite, marker, kind)
     check_output_path(final, "output directory")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))

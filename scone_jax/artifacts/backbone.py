@@ -16,6 +16,8 @@ from scone_jax.atomic import atomic_dir, atomic_write_json
 from scone_jax.errors import UserError
 
 FORMAT_VERSION = 1
+BACKBONE_MARKER = "params.npz"  # a file every exported backbone holds
+BACKBONE_KIND = "an exported backbone"
 
 
 def flatten(tree, prefix: str = "") -> dict[str, np.ndarray]:
@@ -47,7 +49,7 @@ def write_backbone(
     meta: dict,
     overwrite: bool,
 ) -> None:
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    with atomic_dir(out, overwrite, marker=BACKBONE_MARKER, kind=BACKBONE_KIND) as tmp:
         buffer = io.BytesIO()
         np.savez(buffer, **flatten(params))
         (tmp / "params.npz").write_bytes(buffer.getvalue())

@@ -27,6 +27,7 @@ from scone_jax.errors import UserError
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 CONFIG = "config.json"
+HF_KIND = "a Hugging Face checkpoint"  # every one holds CONFIG
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
 # buffers older GPT-2 checkpoints carry beside the weights (causal masks), not parameters
 _GPT2_BUFFERS = (".attn.bias", ".attn.masked_bias")

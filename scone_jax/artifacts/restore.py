@@ -17,12 +17,12 @@ from jax.sharding import Mesh, NamedSharding
 
 from scone_jax.artifacts.checkpoint import Checkpointer
 from scone_jax.artifacts.run_dir import (
-    CONFIG_FILE,
     RUN_INFO_FILE,
     CheckpointChoice,
     CheckpointRef,
     load_run_config,
     require_checkpoint,
+    run_identity,
 )
 from scone_jax.config import Config
 from scone_jax.errors import UserError
@@ -41,7 +41,7 @@ class RunParams:
     params: Any  # pure dict, sharded over `mesh`
     mesh: Mesh
     rules: dict
-    fingerprint: str  # identifies (run, step): the config, the run info and the step
+    fingerprint: str  # identifies (run, step): `checkpoint_fingerprint`
 
     def model(self):
         return self.handle.merge(self.params)
@@ -88,9 +88,6 @@ def load_run_params(
         )
     finally:
         ckpt.close()
-    digest = hashlib.sha256(
-        (run_dir / CONFIG_FILE).read_bytes() + info_path.read_bytes() + str(step).encode()
-    )
     return RunParams(
         cfg=cfg,
         info=info,
@@ -99,8 +96,23 @@ def load_run_params(
         params=params,
         mesh=mesh,
         rules=rules,
-        fingerprint=digest.hexdigest(),
+        fingerprint=checkpoint_fingerprint(cfg, info, step),
     )
+
+
+def checkpoint_fingerprint(cfg: Config, info: dict[str, Any], step: int) -> str:
+    """What an export records of the checkpoint it came from, so a table is never served with
+    another run's backbone: the config less what a restart may change, the run info less where
+    its inputs lie, and the step. A no-op rerun, a cadence change or a copied run directory
+    keeps it (and every export made before stays usable); a regular and a best checkpoint of one
+    step share it, as they share their parameters."""
+    located = {"dataset", "fgram_set"}  # absolute paths: a copied run's differ
+    identity = {
+        "config": run_identity(cfg),
+        "info": {k: v for k, v in info.items() if k not in located},
+        "step": int(step),
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
 def host_params(run: RunParams) -> Any:

@@ -9,7 +9,7 @@ a run moved or copied elsewhere resumes there.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from scone_jax.atomic import check_output_path
 from scone_jax.config import Config, load_config, save_config, to_dict
@@ -49,13 +49,15 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def run_identity(cfg: Config) -> dict[str, Any]:
+    """The config's keys that a restart of the same run may not change, flattened."""
+    flat = _flatten(to_dict(cfg))
+    return {k: v for k, v in flat.items() if not k.startswith(MUTABLE_PREFIXES)}
+
+
 def config_differences(old: Config, new: Config) -> list[str]:
-    a, b = _flatten(to_dict(old)), _flatten(to_dict(new))
-    return [
-        k
-        for k in sorted(set(a) | set(b))
-        if a.get(k) != b.get(k) and not k.startswith(MUTABLE_PREFIXES)
-    ]
+    a, b = run_identity(old), run_identity(new)
+    return [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
 def check_run_dir(cfg: Config) -> Path:

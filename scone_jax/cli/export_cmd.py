@@ -40,7 +40,8 @@ def register(sub) -> None:
         "--shard-rows",
         type=int,
         default=65536,
-        help="rows per file of the table (a multiple of 256); a multi-process export deals "
+        help="rows per file of the table (a multiple of 256 keeps the inner chunks at their "
+        "full 256 rows; others shrink them to a divisor); a multi-process export deals "
         "whole shards to the processes",
     )
     p.add_argument(
@@ -70,8 +71,10 @@ def run(args) -> int:
     for name in ("batch_rows", "range_rows", "shard_rows"):
         if getattr(args, name) <= 0:
             raise UserError(f"--{name.replace('_', '-')}={getattr(args, name)} (expected > 0)")
-    if not args.out and not args.hf_out:
-        raise UserError("give --out TABLE_URL (the f-gram table), --hf-out DIR, or both")
+    if not (args.out or args.backbone_out or args.hf_out):
+        raise UserError(
+            "give --out TABLE_URL (the f-gram table), --backbone-out DIR, --hf-out DIR, or several"
+        )
     table = parse_location(args.out) if args.out else None  # on an object store: a lease
     outputs = [("--out", table), ("--backbone-out", args.backbone_out), ("--hf-out", args.hf_out)]
     topology = distributed_args.initialize_from_args(args)
@@ -129,8 +132,10 @@ def check_outputs(args) -> None:
     """Refuse unusable output paths before the f-gram model runs: a local --out that exists but is
     not a table (never replaced, even with --overwrite), and a --backbone-out or --hf-out that
     exists, unless --overwrite."""
+    from scone_jax.artifacts.backbone import BACKBONE_KIND, BACKBONE_MARKER
+    from scone_jax.artifacts.hf_checkpoint import CONFIG, HF_KIND
     from scone_jax.artifacts.table_store import META, parse_location
-    from scone_jax.atomic import check_output_path
+    from scone_jax.atomic import check_output_path, check_replaceable
     from scone_jax.errors import UserError
 
     table = parse_location(args.out).local_path if args.out else None
@@ -141,8 +146,12 @@ def check_outputs(args) -> None:
                 f"--out {args.out} exists and is not an f-gram table (expected a new path, "
                 "or an exported table to replace with --overwrite)"
             )
-    for flag, out in (("--backbone-out", args.backbone_out), ("--hf-out", args.hf_out)):
+    for flag, out, marker, kind in (
+        ("--backbone-out", args.backbone_out, BACKBONE_MARKER, BACKBONE_KIND),
+        ("--hf-out", args.hf_out, CONFIG, HF_KIND),
+    ):
         if out:
             check_output_path(out, flag)
             if Path(out).exists() and not args.overwrite:
                 raise UserError(f"{flag} {out} already exists (remove it or pass --overwrite)")
+            check_replaceable(out, args.overwrite, marker, kind)

@@ -226,6 +226,8 @@ def _corpus(args, required: bool = True):
         raise UserError("--doc-lengths needs --token-ids")
     if args.token_ids:
         return load_arrays(args.token_ids, args.doc_lengths, getattr(args, "vocab_size", None))
+    if getattr(args, "vocab_size", None) is not None:
+        raise UserError("--vocab-size applies only with --token-ids (a DATASET knows its own)")
     if args.dataset:
         return Corpus.from_dataset(args.dataset)
     if required:
@@ -365,7 +367,9 @@ def cmd_tag(args) -> int:
         )
     progress = not args.no_progress
     if args.dataset and not args.token_ids and not args.out_ids:
-        ids, lengths = tags_for_dataset(args.dataset, fs, workers=args.workers, progress=progress)
+        ids, lengths = tags_for_dataset(
+            args.dataset, fs, workers=args.workers, progress=progress, in_memory_if_read_only=False
+        )
         _report_tags(lengths, f"stored in {tags_dir(args.dataset, fs)}")
         return 0
     if not args.out_ids:
@@ -374,24 +378,32 @@ def cmd_tag(args) -> int:
     out_ids, out_lengths = Path(args.out_ids), Path(args.out_lengths)
     if out_ids.resolve() == out_lengths.resolve():
         raise UserError("--out-ids and --out-lengths must be different files")
+    inputs = [Path(p).resolve() for p in (args.token_ids, args.doc_lengths) if p]
     for flag, path in (("--out-ids", out_ids), ("--out-lengths", out_lengths)):
+        if path.resolve() in inputs:
+            raise UserError(f"{flag} {path} is an input file (expected a new path)")
         if not path.parent.is_dir():
-            raise UserError(f"directory {path.parent} for {path.name} does not exist")
+            problem = "is not a directory" if path.parent.exists() else "does not exist"
+            raise UserError(f"{flag} {path}: directory {path.parent} {problem}")
         check_output_path(path, flag, is_file=True)
-    tmp_ids = _tmp_sibling(out_ids)
-    tmp_lengths = _tmp_sibling(out_lengths)
+    tmp_ids = tmp_lengths = None
     try:
         with storage_errors(f"{out_ids} and {out_lengths}"):
+            tmp_ids = _tmp_sibling(out_ids)
+            tmp_lengths = _tmp_sibling(out_lengths)
             _, lengths, _ = tag_corpus(
                 fs, corpus, tmp_ids, tmp_lengths, workers=args.workers, progress=progress
             )
         del lengths
         os.replace(tmp_ids, out_ids)
         os.replace(tmp_lengths, out_lengths)
+    except PermissionError as e:
+        raise UserError(f"cannot write {e.filename}: {e.strerror}") from None
     finally:
         for path in (tmp_ids, tmp_lengths):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+            if path is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
     _report_tags(
         np.load(out_lengths, mmap_mode="r", allow_pickle=False),
         f"wrote {out_ids} and {out_lengths}",

@@ -72,6 +72,18 @@ def run(args) -> int:
         )
     prompts = [tokenizer.encode(text) for text in args.prompt]
     outputs = generate(engine, prompts, args.max_new_tokens, sampling, args.seed, tokenizer.eos_id)
-    for text, new in zip(args.prompt, outputs, strict=True):
-        print(text + tokenizer.decode([t for t in new if t != tokenizer.eos_id]))
+    for i, (text, ids, new) in enumerate(zip(args.prompt, prompts, outputs, strict=True)):
+        if len(prompts) > 1:
+            print(f"--- prompt {i + 1} of {len(prompts)} ---")
+        print(text + continuation(tokenizer, ids, [t for t in new if t != tokenizer.eos_id]))
     return 0
+
+
+def continuation(tokenizer, prompt_ids: list[int], new_ids: list[int]) -> str:
+    """The text the new tokens add to the prompt's, decoded together: a piece that begins a word
+    decodes alone without its leading space ("the"), after the prompt with it (" the")."""
+    prompt_text = tokenizer.decode(list(prompt_ids))
+    whole = tokenizer.decode(list(prompt_ids) + list(new_ids))
+    if whole.startswith(prompt_text):
+        return whole[len(prompt_text) :]
+    return tokenizer.decode(list(new_ids))

@@ -33,7 +33,7 @@ def register(sub) -> None:
     p.add_argument(
         "--devices",
         type=int,
-        default=0,
+        default=None,
         help=f"devices to plan for (default: the config's train.devices, else {DEFAULT_DEVICES})",
     )
     p.add_argument(
@@ -45,7 +45,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     cfg = load_config(args.config, args.overrides)
-    count = args.devices or cfg.train.devices or DEFAULT_DEVICES
+    count = args.devices if args.devices is not None else cfg.train.devices or DEFAULT_DEVICES
     if count <= 0:
         raise UserError(f"plan --devices {args.devices} (expected > 0)")
     if args.device_memory <= 0:

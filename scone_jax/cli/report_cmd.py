@@ -20,11 +20,12 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from scone_jax.atomic import check_output_path
-    from scone_jax.sweep.report import write_report
+    from scone_jax.atomic import check_output_path, check_replaceable
+    from scone_jax.sweep.report import REPORT_KIND, REPORT_MARKER, write_report
 
     if args.out:
         check_output_path(args.out, "report directory --out")
+        check_replaceable(args.out, True, REPORT_MARKER, REPORT_KIND)
     out = write_report(args.sweep_dir, args.out)
     print((out / "results.md").read_text(encoding="utf-8"), end="")
     print(f"report written to {out}")

@@ -1,8 +1,9 @@
 """YAML presets + `key=value` overrides -> a validated `Config`.
 
 Strict: an unknown key, a value of the wrong type or an invalid value is a `UserError`
-naming the key and what was expected. YAML is read with `yaml.safe_load` only. A preset may
-name another preset in `base:` (a path relative to itself); its keys are applied first.
+naming the key and what was expected. YAML is read with `yaml.safe_load` only. A config may
+name another in `base:` (a path relative to itself, or a shipped preset's name); its keys are
+applied first.
 """
 
 from __future__ import annotations
@@ -27,18 +28,30 @@ ALIASES = {("data", "jsonl_field"): "text_field"}
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
+def shipped_preset(name: str) -> Path | None:
+    """experiments/NAME or experiments/NAME.yaml, where one is a file."""
+    for candidate in (PRESET_DIR / name, PRESET_DIR / f"{name}.yaml"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
 def resolve_preset(name_or_path: str) -> Path:
-    """A config path, or the name of a shipped preset (`tiny` -> experiments/tiny.yaml)."""
+    """A config path, or the name of a shipped preset (`tiny` -> experiments/tiny.yaml). A bare
+    preset name means the preset even beside a file or run directory of that name (a run_dir
+    named after its preset is common); `./NAME` names the local file."""
     path = Path(name_or_path)
+    is_bare = "/" not in name_or_path and path.suffix not in (".yaml", ".yml")
+    if is_bare and (preset := shipped_preset(name_or_path)) is not None:
+        return preset
     if path.is_file():
         return path
     if path.exists():
         raise UserError(
             f"config {name_or_path!r} is not a file (expected a YAML file or a preset name)"
         )
-    for candidate in (PRESET_DIR / name_or_path, PRESET_DIR / f"{name_or_path}.yaml"):
-        if candidate.is_file():
-            return candidate
+    if (preset := shipped_preset(name_or_path)) is not None:
+        return preset
     raise UserError(
         f"config {name_or_path!r} not found (expected a YAML file or a preset name in {PRESET_DIR})"
     )
@@ -68,7 +81,14 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     base = data.pop("base", None)
     if base is None:
         return data
-    merged = _read_yaml((path.parent / base), seen + (path,))
+    beside = path.parent / str(base)
+    target = beside if beside.is_file() else shipped_preset(str(base))
+    if target is None:
+        raise UserError(
+            f"config {path}: base {base!r} is neither a file beside it nor a preset name "
+            f"(expected a path relative to {path.parent}, or a preset in {PRESET_DIR})"
+        )
+    merged = _read_yaml(target, seen + (path,))
     _deep_merge(merged, data)
     return merged
 

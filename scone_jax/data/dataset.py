@@ -54,11 +54,12 @@ class TokenizedDataset:
         each)."""
         path = Path(path)
         meta_path = path / META_FILE
-        if not meta_path.is_file():
-            raise UserError(
-                f"{path} is not a tokenized dataset (no {META_FILE}; expected the output of "
-                "`scone-jax tokenize`)"
-            )
+        for required in (META_FILE, TOKENS_FILE):
+            if not (path / required).is_file():
+                raise UserError(
+                    f"{path} is not a tokenized dataset (no {required}; expected the output of "
+                    "`scone-jax tokenize`)"
+                )
         verify_manifest(path, required=(META_FILE, TOKENS_FILE, OFFSETS_FILE, TOKEN_BYTES_FILE))
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))

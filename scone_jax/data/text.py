@@ -57,6 +57,11 @@ def resolve_corpus_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
                     f"corpus path {entry} does not exist (expected a file, directory or glob)"
                 )
             files = _files_under(p)
+            if not files and not p.is_dir():
+                raise UserError(
+                    f"corpus path {entry} is neither a regular file nor a directory (expected "
+                    "text, .jsonl or .parquet files)"
+                )
             if not files:
                 raise UserError(
                     f"corpus directory {entry} contains no file (expected text, .jsonl or "

@@ -17,7 +17,13 @@ import jax
 import numpy as np
 from safetensors.numpy import save_file
 
-from scone_jax.artifacts.hf_checkpoint import CONFIG, hf_config, to_hf_tensors, write_weights
+from scone_jax.artifacts.hf_checkpoint import (
+    CONFIG,
+    HF_KIND,
+    hf_config,
+    to_hf_tensors,
+    write_weights,
+)
 from scone_jax.artifacts.restore import host_params, load_run_params
 from scone_jax.artifacts.run_dir import CheckpointChoice
 from scone_jax.atomic import atomic_dir
@@ -72,7 +78,7 @@ def export_hf(
         "scone": scone,
     }
     if jax.process_index() == 0:
-        with atomic_dir(out, overwrite=overwrite) as tmp:
+        with atomic_dir(out, overwrite, marker=CONFIG, kind=HF_KIND) as tmp:
             write_weights(tmp, tensors)
             (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
             _write_tokenizer(tmp, find_tokenizer_file(dataset), cfg)

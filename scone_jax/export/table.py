@@ -299,7 +299,7 @@ def export_table(
     overwrite: bool = False,
 ) -> dict:
     """Export the table of run `run_dir` to `url`; resumes an unfinished export of the same
-    checkpoint.
+    checkpoint, and returns the meta of a finished one, with `rows_per_s` None (nothing computed).
 
     A local table is written into `url.partial` and renamed into place when complete; an existing
     table replaced with `overwrite` stays intact until then. On an object store (no rename) the
@@ -322,10 +322,18 @@ def export_table(
             f"table {url} would live in one process's memory (expected a path or URL that "
             f"all {nproc} processes can write)"
         )
-    replacing = read_json(final, META) is not None
-    if replacing and not overwrite:
-        raise UserError(f"table {url} already exists (remove it or pass --overwrite)")
+    existing = read_json(final, META)
+    replacing = existing is not None
     run = load_run_params(run_dir, step)
+    if replacing and not overwrite:
+        same = {"checkpoint_fingerprint": run.fingerprint, "dtype": dtype}
+        if all(existing.get(k) == v for k, v in same.items()):
+            return {**existing, "rows_per_s": None}  # this checkpoint's table, in this dtype
+        raise UserError(
+            f"table {url} already exists, exported from another checkpoint or in another dtype "
+            f"(step {existing.get('checkpoint_step')}, {existing.get('dtype')}; remove it or pass "
+            "--overwrite)"
+        )
     if not run.cfg.fgrams.enabled:
         raise UserError(
             f"run {run_dir} is a baseline (fgrams.enabled=false): it has no f-gram model to export"

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-from scone_jax.atomic import atomic_dir, check_output_path
+from scone_jax.atomic import atomic_dir, check_output_path, check_replaceable
 from scone_jax.errors import UserError
 from scone_jax.fgrams import stats as stats_mod
 from scone_jax.fgrams.corpus import Corpus
 from scone_jax.fgrams.select import cutoff_rows, select_top
-from scone_jax.fgrams.store import FgramSet
+from scone_jax.fgrams.store import SET_KIND, SET_MARKER, FgramSet
 
 BACKENDS = ("local", "beam")
 
@@ -171,15 +171,12 @@ def build_fgram_set(
 ) -> FgramSet:
     """Count, select, and write the set directory atomically (with stats.json and stats.png)."""
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise UserError(
-            f"output directory {out} already exists (expected a new path; remove it first)"
-        )
+    check_replaceable(out, overwrite, SET_MARKER, SET_KIND)  # before the counting, not after
     check_output_path(out, "output directory")
     fs = select_fgrams(
         corpus, max_n, num_fgrams, min_count, progress=progress, workers=workers, **kwargs
     )
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    with atomic_dir(out, overwrite, marker=SET_MARKER, kind=SET_KIND) as tmp:
         fs.write_into(tmp)
         if with_stats:
             from scone_jax.fgrams.tag import tag_corpus

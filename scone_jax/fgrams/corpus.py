@@ -229,7 +229,9 @@ def load_arrays(
         try:
             return np.load(path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as e:
-            raise UserError(f"{what} file {path} is not a readable .npy array: {e}") from None
+            # numpy reads a file of pickled objects, or of anything else, as "pickled data"
+            reason = "it holds no .npy array of numbers" if "pickle" in str(e) else e
+            raise UserError(f"{what} file {path} is not a readable .npy array: {reason}") from None
 
     tokens = load(token_ids_path, "--token-ids")
     lengths = load(doc_lengths_path, "--doc-lengths") if doc_lengths_path is not None else None

@@ -40,6 +40,8 @@ FILES = tuple(f"{name}.npy" for name in ARRAYS) + (
     "meta.json",
     MANIFEST,
 )  # what a copy of a set must carry
+SET_MARKER = "keys.npy"  # a file every f-gram set holds and no other artifact does
+SET_KIND = "an f-gram set"
 MAX_SEEDS = 8
 
 
@@ -132,7 +134,7 @@ class FgramSet:
     # io -----------------------------------------------------------------------------------
 
     def save(self, directory: str | os.PathLike, overwrite: bool = False) -> Path:
-        with atomic_dir(directory, overwrite=overwrite) as tmp:
+        with atomic_dir(directory, overwrite, marker=SET_MARKER, kind=SET_KIND) as tmp:
             self.write_into(tmp)
         self.path = Path(directory)
         return self.path
@@ -151,11 +153,12 @@ class FgramSet:
         """Open a set directory; every inconsistency is a one-line UserError."""
         path = Path(directory)
         meta_path = path / "meta.json"
-        if not meta_path.is_file():
-            raise UserError(
-                f"{path} is not an f-gram set (no meta.json; expected the output of `scone-jax "
-                "fgrams build`)"
-            )
+        for required in ("meta.json", SET_MARKER):
+            if not (path / required).is_file():
+                raise UserError(
+                    f"{path} is not an f-gram set (no {required}; expected the output of "
+                    "`scone-jax fgrams build`)"
+                )
         checked = verify and verify_manifest(path, required=FILES[:-1])
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))

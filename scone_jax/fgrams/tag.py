@@ -249,14 +249,17 @@ def tags_for_dataset(
     process_index: int = 0,
     process_count: int = 1,
     barrier: Callable[[str], None] | None = None,
+    in_memory_if_read_only: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(ids int32 [N], lengths uint8 [N]) for every token of a tokenized dataset.
 
     Loads `DATASET/tags/<fingerprint>/` when it exists, matches this set and dataset, and passes
     its checksums; otherwise tags once and saves there (atomically) so training never
-    recomputes. A read-only dataset directory falls back to tagging in memory. In a job of
-    `process_count` processes sharing the dataset directory, every process calls this (with a
-    `barrier(name)` that waits for all of them) and tags only its share of the tokens.
+    recomputes. A read-only dataset directory falls back to tagging in memory (for training),
+    or is a UserError without `in_memory_if_read_only` (for a command whose job is the store).
+    In a job of `process_count` processes sharing the dataset directory, every process calls
+    this (with a `barrier(name)` that waits for all of them) and tags only its share of the
+    tokens.
     """
     if isinstance(dataset, str | os.PathLike):
         from scone_jax.data.dataset import TokenizedDataset
@@ -296,7 +299,12 @@ def tags_for_dataset(
                 + "\n"
             )
             write_manifest(tmp)
-    except PermissionError:
+    except PermissionError as e:
+        if not in_memory_if_read_only:
+            raise UserError(
+                f"cannot write tags beside {dataset.path}: {e.strerror} (expected a writable "
+                "dataset directory; or tag into files with --token-ids, --out-ids, --out-lengths)"
+            ) from None
         print(
             f"warning: cannot write tags beside {dataset.path}; tagging in memory", file=sys.stderr
         )

@@ -19,6 +19,8 @@ from scone_jax.errors import UserError
 from scone_jax.metrics.flops import count_fgram_params, count_params, model_flops
 from scone_jax.sweep.plan import PLAN_FILE
 
+REPORT_MARKER = "results.md"  # a file every report holds, so --out replaces only a report
+REPORT_KIND = "a sweep report"
 TABLE_BYTES_PER_VALUE = 4  # float32 rows, `scone-jax export`'s default
 COLUMNS = (
     "point",
@@ -246,7 +248,7 @@ def write_report(sweep_dir: str | Path, out: str | Path | None = None) -> Path:
 
     plan, rows = gather(sweep_dir)
     out = Path(out) if out else Path(sweep_dir) / "report"
-    with atomic_dir(out, overwrite=True) as tmp:
+    with atomic_dir(out, overwrite=True, marker=REPORT_MARKER, kind=REPORT_KIND) as tmp:
         plots = draw_plots(rows, tmp, title=plan["name"])
         (tmp / "results.csv").write_text(to_csv(rows), encoding="utf-8")
         (tmp / "results.md").write_text(to_markdown(plan, rows, plots), encoding="utf-8")

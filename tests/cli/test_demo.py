@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from scone_jax.cli.generate_cmd import continuation
 from scone_jax.data.tokenizer import Tokenizer
 from scone_jax.serve.engine import engine_from_export, engine_from_run
 from scone_jax.serve.generate import generate
@@ -79,8 +80,10 @@ def test_generate_prints_what_the_engine_decodes(demo, source):
     )
     new = generate(engine, [tokenizer.encode(p) for p in prompts], 8, eos_id=tokenizer.eos_id)
     want = [
-        p + tokenizer.decode([t for t in row if t != tokenizer.eos_id])
+        p + continuation(tokenizer, tokenizer.encode(p), [t for t in row if t != tokenizer.eos_id])
         for p, row in zip(prompts, new)
     ]
-    assert res.stdout == "".join(text + "\n" for text in want)  # each prompt and its continuation
+    assert res.stdout == "".join(
+        f"--- prompt {i + 1} of 2 ---\n{text}\n" for i, text in enumerate(want)
+    )  # each prompt and its continuation
     assert any(len(text) > len(p) for text, p in zip(want, prompts))  # something was generated

@@ -116,6 +116,34 @@ def test_base_chain_and_round_trip(tmp_path):
         load_config(loop)
 
 
+def test_base_names_a_preset_or_a_file_beside_it_and_says_which_base_is_missing(tmp_path):
+    (tmp_path / "by_name.yaml").write_text("base: tiny_scone\ntrain:\n  steps: 3\n")
+    cfg = load_config(tmp_path / "by_name.yaml")
+    assert cfg.train.steps == 3 and cfg.fgrams.enabled
+    (tmp_path / "mine.yaml").write_text("train:\n  steps: 4\n")
+    (tmp_path / "beside.yaml").write_text("base: mine.yaml\n")
+    assert load_config(tmp_path / "beside.yaml").train.steps == 4
+    (tmp_path / "missing.yaml").write_text("base: nowhere.yaml\n")
+    with pytest.raises(UserError, match=r"missing.yaml: base 'nowhere.yaml' is neither a file"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_a_preset_name_is_the_preset_beside_a_run_directory_or_file_of_that_name(
+    tmp_path, monkeypatch
+):
+    """`train tiny run_dir=tiny` must resume from where it was started, and `demo` must run
+    where a directory named demo is; `./NAME` still names the local file."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "demo").write_text("just notes\n")
+    assert load_config("tiny") == load_config(PRESET_DIR / "tiny.yaml")
+    assert load_config("demo") == load_config(PRESET_DIR / "demo.yaml")
+    (tmp_path / "tiny_scone").write_text("train:\n  steps: 7\n")
+    assert load_config("./tiny_scone").train.steps == 7
+    (tmp_path / "mine").write_text("train:\n  steps: 9\n")  # no preset of that name
+    assert load_config("mine").train.steps == 9
+
+
 def test_parse_overrides_nesting():
     assert parse_overrides(["a.b=1", "a.c=x", "d=[1, 2]"]) == {"a": {"b": 1, "c": "x"}, "d": [1, 2]}
 

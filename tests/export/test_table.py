@@ -105,12 +105,19 @@ def test_an_object_store_table_replaced_is_the_old_one_or_none_or_the_new_one(ru
     )
 
 
-def test_existing_table_is_not_overwritten(run):
+def test_existing_table_is_reused_when_it_is_this_export_and_never_overwritten(run):
+    """A rerun of the same export (same checkpoint, same dtype) returns the finished table's meta
+    and computes nothing; another step or dtype is refused without --overwrite. Either way the
+    table is untouched."""
     run_dir, root = run
-    export_table(run_dir, str(root / "keep"), progress=False)
+    first = export_table(run_dir, str(root / "keep"), progress=False)
     before = (root / "keep" / "meta.json").read_bytes()
-    with pytest.raises(UserError, match="already exists"):
-        export_table(run_dir, str(root / "keep"), progress=False)
+    again = export_table(run_dir, str(root / "keep"), progress=False)
+    assert first["rows_per_s"] > 0 and again["rows_per_s"] is None
+    assert again["checksum"] == first["checksum"]
+    for other in ({"dtype": "bfloat16"}, {"step": 5}):
+        with pytest.raises(UserError, match="already exists, exported from another checkpoint"):
+            export_table(run_dir, str(root / "keep"), progress=False, **other)
     assert (root / "keep" / "meta.json").read_bytes() == before
 
 
@@ -191,8 +198,10 @@ def test_tables_of_another_checkpoint_or_width_are_refused(run, tmp_path):
         table.check_compatible(table.width + 1)
 
 
-def test_baseline_run_has_nothing_to_export(markov_dataset, tmp_path):
+def test_baseline_run_has_no_table_to_export_but_its_backbone(markov_dataset, tmp_path):
+    from scone_jax.cli.main import main
     from scone_jax.config import load_config
+    from scone_jax.serve.engine import engine_from_export
     from scone_jax.train.loop import train
     from tests.train.helpers import tiny_overrides
 
@@ -200,6 +209,8 @@ def test_baseline_run_has_nothing_to_export(markov_dataset, tmp_path):
     with pytest.raises(UserError, match="baseline"):
         export_table(tmp_path / "base", str(tmp_path / "t"), progress=False)
     assert not (tmp_path / "t").exists() and not (tmp_path / "t.partial").exists()
+    assert main(["export", str(tmp_path / "base"), "--backbone-out", str(tmp_path / "b")]) == 0
+    assert engine_from_export(tmp_path / "b", None, "host") is not None
 
 
 def test_one_export_reads_one_step_even_if_a_checkpoint_lands_midway(run, tmp_path, monkeypatch):

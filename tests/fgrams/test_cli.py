@@ -162,6 +162,66 @@ def test_a_disk_without_room_for_the_tags_is_one_error_and_no_file(arrays, capsy
     assert sorted(os.listdir(tmp)) == before
 
 
+def test_a_refused_permission_for_the_tags_is_one_error_and_no_file(arrays, capsys, monkeypatch):
+    """Permission is no storage error (training reads a read-only dataset in memory), yet a
+    command writing tag files names the refused file in one line and leaves nothing behind; the
+    refusal comes on the second temporary file, after the first was made."""
+    tmp, _, _ = arrays
+    code, _, err = run(
+        capsys, "build", "--token-ids", tmp / "ids.npy", "--out", tmp / "set", "--min-count", 2
+    )
+    assert code == 0, err
+    before = sorted(os.listdir(tmp))
+    made = []
+    real_mkstemp = fgrams_cmd.tempfile.mkstemp
+
+    def refuse_the_second(*args, **kwargs):
+        if made:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(tmp / "denied"))
+        made.append(real_mkstemp(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(fgrams_cmd.tempfile, "mkstemp", refuse_the_second)
+    code, _, err = run(
+        capsys,
+        "tag",
+        tmp / "set",
+        "--token-ids",
+        tmp / "ids.npy",
+        "--out-ids",
+        tmp / "t_ids.npy",
+        "--out-lengths",
+        tmp / "t_lens.npy",
+    )
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"cannot write {tmp / 'denied'}: Permission denied" in err
+    assert len(made) == 1 and sorted(os.listdir(tmp)) == before
+
+
+def test_tagging_a_dataset_that_refuses_the_tags_is_an_error_not_a_claim(
+    tmp_path, capsys, monkeypatch, rng
+):
+    """`fgrams tag SET DATASET` exists to store the tags: where the dataset refuses them it says
+    so (exit 2) rather than tag in memory and report a store that never happened; training's
+    own call still falls back to memory."""
+    from scone_jax.fgrams import tag as tag_module
+
+    ds = make_dataset(tmp_path / "ds", markov_documents(rng, 12, 20, 100), 12).path
+    code, _, err = run(capsys, "build", ds, "--out", tmp_path / "set", "--min-count", 2)
+    assert code == 0, err
+
+    def refused(*args, **kwargs):
+        raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), str(ds / "tags"))
+
+    monkeypatch.setattr(tag_module, "atomic_dir", refused)
+    code, out, err = run(capsys, "tag", tmp_path / "set", ds)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"cannot write tags beside {ds}: Operation not permitted" in err and "stored" not in out
+    assert not (ds / "tags").exists()
+    ids, lengths = tag_module.tags_for_dataset(ds, FgramSet.load(tmp_path / "set"), progress=False)
+    assert len(ids) == len(lengths) > 0
+
+
 def test_dataset_workflow_with_text(tmp_path, capsys, rng):
     tok_mod = pytest.importorskip("scone_jax.data.tokenizer")
     from scone_jax.data.tokenize import tokenize_corpus

@@ -105,6 +105,11 @@ CASES = [
         "invalid choice: 'lsf'",
     ),
     # report
+    (
+        "report-out-is-not-a-report",
+        ["report", "{w}/run", "--out", "{w}/ds"],
+        "ds exists and is not a sweep report",
+    ),
     ("report-missing-dir", ["report", "{w}/nope"], "is not a sweep directory"),
     ("report-run-dir-not-sweep", ["report", "{w}/run"], "is not a sweep directory"),
     (
@@ -113,6 +118,11 @@ CASES = [
         "is not a directory",
     ),
     # tokenize
+    (
+        "tokenize-corpus-is-a-fifo",
+        ["tokenize", "--corpus", "{w}/fifo", "--out", "{tmp}/ds"],
+        "fifo is neither a regular file nor a directory",
+    ),
     (
         "tokenize-missing-corpus",
         ["tokenize", "--corpus", "{w}/nope.txt", "--out", "{tmp}/ds"],
@@ -230,6 +240,26 @@ CASES = [
         "plain_file is not a directory",
     ),
     # fgrams build
+    (
+        "build-overwrite-its-own-dataset",
+        ["fgrams", "build", "{w}/ds", "--min-count", "2", "--out", "{w}/ds", "--overwrite"],
+        "ds exists and is not an f-gram set",
+    ),
+    (
+        "build-overwrite-the-working-directory",
+        ["fgrams", "build", "{w}/ds", "--min-count", "2", "--out", ".", "--overwrite"],
+        "holds the current directory",
+    ),
+    (
+        "build-vocab-size-with-a-dataset",
+        ["fgrams", "build", "{w}/ds", "--vocab-size", "100", "--out", "{tmp}/set"],
+        "--vocab-size applies only with --token-ids",
+    ),
+    (
+        "build-from-an-fgram-set",
+        ["fgrams", "build", "{w}/fgrams", "--out", "{tmp}/set"],
+        "fgrams is not a tokenized dataset (no tokens.bin",
+    ),
     (
         "build-pickled-token-ids",
         ["fgrams", "build", "--token-ids", "{w}/pickled.npy", "--out", "{tmp}/set"],
@@ -379,6 +409,37 @@ CASES = [
         "unreadable.model",
     ),
     # fgrams tag
+    ("tag-dataset-as-the-set", ["fgrams", "tag", "{w}/ds", "{w}/ds"], "ds is not an f-gram set"),
+    (
+        "tag-out-ids-is-its-input",
+        [
+            "fgrams",
+            "tag",
+            "{w}/fgrams",
+            "--token-ids",
+            "{w}/ids.npy",
+            "--out-ids",
+            "{w}/ids.npy",
+            "--out-lengths",
+            "{tmp}/l.npy",
+        ],
+        "ids.npy is an input file",
+    ),
+    (
+        "tag-out-below-a-file",
+        [
+            "fgrams",
+            "tag",
+            "{w}/fgrams",
+            "--token-ids",
+            "{w}/ids.npy",
+            "--out-ids",
+            "{w}/plain_file/i.npy",
+            "--out-lengths",
+            "{tmp}/l.npy",
+        ],
+        "plain_file is not a directory",
+    ),
     (
         "tag-dataset-of-other-tokenizer",
         ["fgrams", "tag", "{w}/fgrams", "{w}/other_ds"],
@@ -466,6 +527,7 @@ CASES = [
     ("plan-unknown-remat", ["plan", "tiny", "model.remat=most"], "model.remat='most'"),
     ("plan-mesh-does-not-divide", ["plan", "tiny", "mesh.data=3"], "mesh data=3"),
     ("plan-no-devices", ["plan", "tiny", "--devices", "-2"], "plan --devices -2 (expected > 0)"),
+    ("plan-zero-devices", ["plan", "tiny", "--devices", "0"], "plan --devices 0 (expected > 0)"),
     (
         "plan-microbatches-do-not-divide",
         ["plan", "tiny", "train.microbatches=3"],
@@ -601,7 +663,11 @@ CASES = [
         ["export", "{w}/nope", "--out", "{tmp}/table"],
         "nope is not a run directory",
     ),
-    ("export-out-is-a-table", ["export", RUN, "--out", "{w}/table"], "already exists"),
+    (
+        "export-out-is-a-table-of-another-step",
+        ["export", RUN, "--out", "{w}/table_step1"],
+        "already exists, exported from another checkpoint",
+    ),
     (
         "export-out-is-another-directory",
         ["export", RUN, "--out", "{w}/not_a_table", "--overwrite"],
@@ -632,6 +698,16 @@ CASES = [
         "export-backbone-out-exists",
         ["export", RUN, "--out", "{tmp}/table", "--backbone-out", "{w}/not_a_table"],
         "--backbone-out",
+    ),
+    (
+        "export-overwrite-a-directory-not-a-backbone",
+        ["export", RUN, "--out", "{tmp}/t", "--backbone-out", "{w}/not_a_table", "--overwrite"],
+        "not_a_table exists and is not an exported backbone",
+    ),
+    (
+        "export-overwrite-a-directory-not-hf",
+        ["export", RUN, "--out", "{tmp}/t", "--hf-out", "{w}/ds", "--overwrite"],
+        "ds exists and is not a Hugging Face checkpoint",
     ),
     # generate
     (
@@ -851,6 +927,7 @@ def world(tmp_path_factory) -> Path:
     (w / "nofield.jsonl").write_text('{"body": "one"}\n')
     (w / "garbage.model").write_bytes(b"not a sentencepiece model")
     (w / "plain_file").write_text("a file where a directory is expected\n")
+    os.mkfifo(w / "fifo")
     (w / "a_dir").mkdir()
     (w / "not_a_table").mkdir()
     (w / "not_a_table" / "precious.txt").write_text("keep me\n")
