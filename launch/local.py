@@ -74,13 +74,19 @@ def _pump(stream, prefix: str, out) -> None:
     stream.close()
 
 
+def _python_path() -> str:
+    inherited = os.environ.get("PYTHONPATH")
+    return os.pathsep.join([str(REPO), inherited] if inherited else [str(REPO)])
+
+
 def run(commands: list[tuple[dict[str, str], list[str]]], grace_s: float) -> int:
     procs, pumps = [], []
     for i, (env, command) in enumerate(commands):
         p = subprocess.Popen(
             command,
-            env={**os.environ, **env},
-            cwd=REPO,
+            # the caller's working directory, so relative paths mean what they meant to the
+            # caller; the repository on the path, so `-m scone_jax...` runs from a checkout too
+            env={**os.environ, **env, "PYTHONPATH": _python_path()},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -43,6 +43,7 @@ def _demo(cfg, out: Path) -> int:
     from scone_jax.serve.generate import generate
     from scone_jax.serve.sampling import Sampling
     from scone_jax.train.loop import train
+    from scone_jax.train.session import HELDOUT
 
     summary = train(cfg)
     run_dir = Path(summary["run_dir"])
@@ -51,8 +52,8 @@ def _demo(cfg, out: Path) -> int:
         export_table(run_dir, str(table), progress=cfg.logging.progress)
     if not backbone.exists():
         export_backbone(run_dir, backbone)
-    live = evaluate_run(run_dir)["results"]["heldout"]
-    served = evaluate_run(run_dir, table=str(table), tier="host")["results"]["heldout"]
+    live = evaluate_run(run_dir)["results"][HELDOUT]
+    served = evaluate_run(run_dir, table=str(table), tier="host")["results"][HELDOUT]
     from scone_jax.data.dataset import TokenizedDataset
     from scone_jax.data.tokenize import dataset_tokenizer
 

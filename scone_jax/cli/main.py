@@ -39,9 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _is_override(arg: str) -> bool:
+    return "=" in arg and not arg.startswith("-")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unparsed = parser.parse_known_args(argv)
+    if unparsed and hasattr(args, "overrides") and all(_is_override(a) for a in unparsed):
+        args.overrides += unparsed  # `key=value` after an option, as in `--out DIR steps=3`
+    elif unparsed:
+        parser.error(f"unrecognized arguments: {' '.join(unparsed)}")
     # how the artifacts' locks name their holder (artifacts/lock.py)
     args.command_line = shlex.join(["scone-jax", *(sys.argv[1:] if argv is None else argv)])
     try:

@@ -1,9 +1,9 @@
 """YAML presets + `key=value` overrides -> a validated `Config`.
 
 Strict: an unknown key, a value of the wrong type or an invalid value is a `UserError`
-naming the key and what was expected. YAML is read with `yaml.safe_load` only. A config may
-name another in `base:` (a path relative to itself, or a shipped preset's name); its keys are
-applied first.
+naming the key and what was expected. YAML is read with a safe loader only (`load_yaml`: no
+Python objects, no repeated keys). A config may name another in `base:` (a path relative to
+itself, or a shipped preset's name); its keys are applied first.
 """
 
 from __future__ import annotations
@@ -26,6 +26,34 @@ PRESET_DIR = Path(__file__).resolve().parents[2] / "experiments"
 # (section, old key) -> new key
 ALIASES = {("data", "jsonl_field"): "text_field"}
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+class _NoRepeatedKeys(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that names a key twice: plain YAML keeps the
+    last, so a second `train:` section or a point given twice would silently drop the first."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if not isinstance(key, typing.Hashable):
+                    continue  # the base class reports an unhashable key
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is repeated", key_node.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """The one YAML reader: safe (no Python objects) and strict about repeated keys."""
+    loader = _NoRepeatedKeys(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def shipped_preset(name: str) -> Path | None:
@@ -71,7 +99,7 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     except OSError as e:
         raise UserError(f"cannot read config {path}: {e.strerror or e}") from None
     try:
-        data = yaml.safe_load(text) or {}
+        data = load_yaml(text) or {}
     except yaml.YAMLError as e:
         raise UserError(f"config {path} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):
@@ -185,7 +213,7 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise UserError(f"override {item!r} is not of the form key=value")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = load_yaml(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
         parts = key.strip().split(".")

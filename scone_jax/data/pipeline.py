@@ -126,15 +126,24 @@ def prefetch(items: Iterable, prepare: Callable, depth: int = 2) -> Iterator:
             yield result
 
 
+HELDOUT_REMEDY = "raise data.eval_fraction, or lower train.batch_size or data.seq_len"
+
+
 def eval_batch_count(
-    source: WindowSource, batch_size: int, max_batches: int, name: str = "held-out split"
+    source: WindowSource,
+    batch_size: int,
+    max_batches: int,
+    name: str = "held-out split",
+    remedy: str = HELDOUT_REMEDY,
 ) -> int:
-    """How many eval batches a split gives (at most `max_batches`); none at all is an error."""
+    """How many eval batches a split gives (at most `max_batches`); none at all is an error
+    that names the settings that would give one."""
     n = min(max_batches, len(source) // batch_size)
     if n == 0:
         raise UserError(
             f"{name} has {source.num_tokens} tokens in {len(source)} windows of "
-            f"{source.seq_len + 1}, fewer than one eval batch of {batch_size} windows"
+            f"{source.seq_len + 1}, fewer than one eval batch of {batch_size} windows "
+            f"(train.batch_size); {remedy}"
         )
     return n
 

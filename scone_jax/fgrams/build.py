@@ -119,7 +119,8 @@ def select_fgrams(
     if total == 0:
         raise UserError(
             f"no n-gram of length 2..{max_n} occurs at least {min_count} times in {corpus.source} "
-            f"({corpus.num_tokens} tokens); lower --min-count or count a larger corpus"
+            f"({corpus.num_tokens} tokens); lower the minimum count (--min-count, or "
+            "fgrams.min_count in a config) or count a larger corpus"
         )
     order, cutoff = select_top(tokens, lengths, counts, num_fgrams)
     if total < num_fgrams:

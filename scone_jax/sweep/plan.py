@@ -157,7 +157,7 @@ def _fgram_step(cfg: Config, dataset: Path, data_dir: Path) -> Step:
 
 def plan_sweep(spec: SweepSpec, sweep_dir: str | Path, extra: list[str] | None = None) -> SweepPlan:
     """Expand `spec` into commands; `extra` overrides (key=value) apply to every point, last."""
-    sweep_dir = Path(sweep_dir)
+    sweep_dir = Path(sweep_dir).absolute()  # the configs it writes hold for any working directory
     common = [f"{k}={format_value(v)}" for k, v in spec.overrides.items()]
     steps: dict[Path, Step] = {}
     points: list[PointPlan] = []
@@ -167,10 +167,18 @@ def plan_sweep(spec: SweepSpec, sweep_dir: str | Path, extra: list[str] | None =
             + [f"{k}={format_value(v)}" for k, v in point.overrides.items()]
             + list(extra or [])
         )
-        cfg = load_config(spec.config, own)
+        if any(o.split("=", 1)[0] == "run_dir" for o in own):
+            raise UserError(
+                f"sweep point {point.name}: run_dir is the sweep's to set (SWEEP_DIR/points/"
+                f"{point.name}); remove it from the sweep file or overrides"
+            )
+        try:
+            cfg = load_config(spec.config, own)
+        except UserError as e:
+            raise UserError(f"sweep point {point.name}: {e}") from None
         managed = [f"run_dir={sweep_dir / 'points' / point.name}"]
         if cfg.data.dataset:
-            dataset = Path(cfg.data.dataset)
+            dataset = Path(cfg.data.dataset).absolute()
             data_dir = (
                 sweep_dir / "data" / ("ds-" + hashlib.sha256(str(dataset).encode()).hexdigest()[:8])
             )
@@ -188,7 +196,7 @@ def plan_sweep(spec: SweepSpec, sweep_dir: str | Path, extra: list[str] | None =
                     dataset,
                 ),
             )
-            managed.append(f"data.dataset={dataset}")
+        managed.append(f"data.dataset={dataset}")
         eval_sets = list(cfg.data.eval_datasets)
         for corpus_name, corpus in spec.eval_corpora.items():
             out = data_dir / corpus_name

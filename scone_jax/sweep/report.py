@@ -134,9 +134,7 @@ def gather(sweep_dir: str | Path) -> tuple[dict, list[dict]]:
         )
     rows = []
     for point in plan["points"]:
-        run_dir = Path(point["run_dir"])
-        if not run_dir.is_absolute() and not run_dir.exists():
-            run_dir = sweep_dir / "points" / point["name"]
+        run_dir = sweep_dir / "points" / point["name"]  # where the sweep put it, wherever it moved
         if (run_dir / CONFIG_FILE).is_file():
             row = point_row(point["name"], run_dir)
         else:  # its directory was removed, or the sweep was expanded elsewhere

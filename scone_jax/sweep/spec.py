@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from scone_jax.config.load import PRESET_DIR, resolve_preset
+from scone_jax.config.load import PRESET_DIR, load_yaml, resolve_preset
 from scone_jax.errors import UserError
 
 KEYS = {"name", "description", "config", "overrides", "eval_corpora", "points", "grid"}
@@ -121,7 +121,7 @@ def load_sweep(path: str | os.PathLike) -> SweepSpec:
     if not path.is_file() and (PRESET_DIR / "sweeps" / f"{path}.yaml").is_file():
         path = PRESET_DIR / "sweeps" / f"{path}.yaml"
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UserError(
             f"sweep file {path} not found (expected a YAML file or a name in "

@@ -3,6 +3,7 @@ tags, and the batcher that turns them into each batch's prefix forest (scone_jax
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -78,6 +79,16 @@ def load_or_build_fgram_set(
     counted on the training split on first use."""
     if cfg.fgram_set:
         fgram_set = FgramSet.load(cfg.fgram_set)
+        held_out = dataset.num_docs - len(train_ids)
+        if held_out and fgram_set.meta.get("tokens_sha256") == dataset.meta.get("tokens_sha256"):
+            print(
+                f"warning: f-gram set {cfg.fgram_set} was counted on all of {dataset.path}, its "
+                f"{held_out} held-out document(s) included, so held-out perplexity is optimistic; "
+                "count the training split (`scone-jax fgrams build DATASET --heldout-fraction F "
+                "--split-seed S` with the run's data.eval_fraction and data.seed) or leave "
+                "fgrams.fgram_set empty",
+                file=sys.stderr,
+            )
     else:
         out = Path(run_dir) / "fgrams"
         if not (out / "meta.json").is_file():

@@ -130,6 +130,26 @@ class Session:
         )
 
 
+HELDOUT = "heldout"  # the name of the run's own held-out split among its eval sets
+
+
+def eval_set_names(paths: list[str]) -> list[str]:
+    """A name per extra eval dataset: its directory's name, or as many of its trailing path
+    parts as tell it from the others and from the held-out split (`a/test` and `b/test`)."""
+    parts = [Path(p).absolute().parts for p in paths]
+    depth = [1] * len(paths)
+    while True:
+        names = ["/".join(p[-d:]) for p, d in zip(parts, depth, strict=True)]
+        clashing = [i for i, n in enumerate(names) if n == HELDOUT or names.count(n) > 1]
+        growable = [i for i in clashing if depth[i] < len(parts[i])]
+        if not growable:
+            if clashing:
+                raise UserError(f"eval dataset {paths[clashing[0]]} is given twice")
+            return names
+        for i in growable:
+            depth[i] += 1
+
+
 def _named_eval_sets(
     cfg: Config,
     dataset: TokenizedDataset,
@@ -141,7 +161,7 @@ def _named_eval_sets(
     pid, nproc = jax.process_index(), jax.process_count()
     sets = {}
     if len(eval_ids):
-        sets["heldout"] = eval_batches(
+        sets[HELDOUT] = eval_batches(
             WindowSource(dataset, eval_ids, cfg.data.seq_len),
             batch,
             cfg.train.eval_batches,
@@ -149,7 +169,8 @@ def _named_eval_sets(
             nproc,
             transform=fgrams.transform() if fgrams else None,
         )
-    for path in extra:
+    paths = list(dict.fromkeys(extra))  # a dataset named twice is evaluated once
+    for name, path in zip(eval_set_names(paths), paths, strict=True):
         other = TokenizedDataset.open(path)
         if other.tokenizer_sha256 != dataset.tokenizer_sha256:
             raise UserError(
@@ -157,15 +178,19 @@ def _named_eval_sets(
                 f"but the run uses {dataset.tokenizer_sha256[:12]}"
             )
         source = WindowSource(other, np.arange(other.num_docs), cfg.data.seq_len)
-        eval_batch_count(
-            source, batch, cfg.train.eval_batches, f"eval dataset {path}"
-        )  # before tagging it
+        eval_batch_count(  # before tagging it
+            source,
+            batch,
+            cfg.train.eval_batches,
+            f"eval dataset {path}",
+            "use a larger eval dataset, or lower train.batch_size or data.seq_len",
+        )
         transform = (
             fgrams.transform(fgrams.batcher_for(other, progress=cfg.logging.progress and pid == 0))
             if fgrams
             else None
         )
-        sets[Path(path).name] = eval_batches(
+        sets[name] = eval_batches(
             source,
             batch,
             cfg.train.eval_batches,
@@ -209,6 +234,21 @@ def check_batch_layout(cfg: Config, data_parallel: int) -> None:
         )
 
 
+def _check_heldout_split(cfg: Config, dataset: TokenizedDataset, eval_ids: np.ndarray) -> None:
+    """A run asked to hold text out gets a held-out split it can evaluate, or stops saying why:
+    documents are held out whole, so a corpus of one file (one document) has none to give."""
+    if cfg.data.eval_fraction > 0 and dataset.num_docs == 1:  # none at all: no windows either
+        raise UserError(
+            f"dataset {dataset.path} has 1 document, so no whole document "
+            f"can be held out (data.eval_fraction={cfg.data.eval_fraction}); split the text into "
+            "documents (data.doc_split=blank_line: one per paragraph), or train without a "
+            "held-out split (data.eval_fraction=0)"
+        )
+    if len(eval_ids):
+        source = WindowSource(dataset, eval_ids, cfg.data.seq_len)
+        eval_batch_count(source, cfg.train.batch_size, cfg.train.eval_batches)
+
+
 def open_session(cfg: Config, run_dir: Path, extra_eval: list[str] | None = None) -> Session:
     dataset = _prepare_dataset(cfg, run_dir)
     vocab = cfg.model.vocab_size or dataset.vocab_size
@@ -224,6 +264,7 @@ def open_session(cfg: Config, run_dir: Path, extra_eval: list[str] | None = None
     tx, schedule = make_optimizer(cfg.optim, cfg.train.steps)
     setup = setup_train_state(build_model_fn(cfg, vocab), tx, cfg.train.seed, mesh, rules)
     train_ids, eval_ids = split_documents(dataset.num_docs, cfg.data.eval_fraction, cfg.data.seed)
+    _check_heldout_split(cfg, dataset, eval_ids)  # before the f-grams are counted and tagged
     fgrams = None
     if cfg.fgrams.enabled:
         main_process = jax.process_index() == 0

@@ -144,6 +144,12 @@ def test_a_preset_name_is_the_preset_beside_a_run_directory_or_file_of_that_name
     assert load_config("mine").train.steps == 9
 
 
+def test_a_repeated_key_is_refused_not_silently_dropped(tmp_path):
+    (tmp_path / "twice.yaml").write_text("train:\n  steps: 5\nmodel: {}\ntrain:\n  seed: 2\n")
+    with pytest.raises(UserError, match="key 'train' is repeated"):
+        load_config(tmp_path / "twice.yaml")
+
+
 def test_parse_overrides_nesting():
     assert parse_overrides(["a.b=1", "a.c=x", "d=[1, 2]"]) == {"a": {"b": 1, "c": "x"}, "d": [1, 2]}
 

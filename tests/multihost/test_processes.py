@@ -120,3 +120,22 @@ def test_every_process_reads_the_step_process_0_resolved(tmp_path):
     job = worker_job(2, "agreed-checkpoint", str(tmp_path), env=FAST)
     assert job.finish(120) == 0, job.output[-3000:]
     assert "[p0] AGREED STEP 2" in job.lines and "[p1] AGREED STEP 2" in job.lines
+
+
+def test_processes_run_in_the_callers_working_directory(tmp_path):
+    """Relative paths given to `launch/local.py` mean what they mean where it was started."""
+    import subprocess
+    import sys
+
+    from tests.multihost.helpers import LOCAL
+
+    show_cwd = [sys.executable, "-c", "import os; print(os.getcwd())"]
+    done = subprocess.run(
+        [sys.executable, str(LOCAL), "--command", "2", *show_cwd],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == [f"[p0] {tmp_path}", f"[p1] {tmp_path}"]

@@ -27,11 +27,13 @@ import scone_jax
 import scone_jax.export.table as export_module
 from scone_jax.cli.main import COMMANDS, main
 from scone_jax.config import load_config
+from scone_jax.data.pipeline import split_documents
 from scone_jax.data.tokenize import tokenize_corpus
 from scone_jax.data.tokenizer import Tokenizer
 from scone_jax.export.table import export_table
 from scone_jax.fgrams.build import build_fgram_set
 from scone_jax.fgrams.corpus import Corpus
+from scone_jax.train.fgram_inputs import train_split_corpus
 from scone_jax.train.loop import train
 from tests.conftest import make_dataset
 from tests.train.helpers import cli_run, tiny_overrides
@@ -587,6 +589,17 @@ CASES = [
     ),
     ("train-empty-dataset", [*BASELINE, "data.dataset={w}/empty_ds"], "fewer than one window"),
     (
+        "train-one-document-and-a-held-out-fraction",
+        [*SCONE, "data.dataset={w}/one_doc_ds"],
+        "has 1 document, so no whole document can be held out (data.eval_fraction=0.1); "
+        "split the text into documents (data.doc_split=blank_line",
+    ),
+    (
+        "train-held-out-split-below-one-eval-batch",
+        [*SCONE, "data.eval_fraction=0.02", "train.batch_size=64"],
+        "fewer than one eval batch of 64 windows (train.batch_size); raise data.eval_fraction",
+    ),
+    (
         "train-fgram-set-of-other-k",
         [*SCONE, "fgrams.fgram_set={w}/fgrams", "fgrams.max_n=5"],
         "has K=4, but fgrams.max_n=5",
@@ -644,7 +657,7 @@ CASES = [
     (
         "eval-dataset-too-short",
         ["eval", RUN, "--dataset", "{w}/short_ds"],
-        "fewer than one eval batch",
+        "fewer than one eval batch of 8 windows (train.batch_size); use a larger eval dataset",
     ),
     ("eval-missing-table", ["eval", RUN, "--table", "{w}/nope"], "not a complete f-gram table"),
     (
@@ -869,8 +882,8 @@ def world(tmp_path_factory) -> Path:
     tokenizer = Tokenizer.train(texts, 300, out_path=w / "tokenizer.model")
     dataset = tokenize_corpus(texts, tokenizer, w / "ds", progress=False)
     Tokenizer.train(["hello world, other words entirely"] * 20, 280, out_path=w / "other.model")
-    build_fgram_set(
-        Corpus.from_dataset(dataset),
+    build_fgram_set(  # on the run's training split, as `fgrams build --heldout-fraction` counts
+        train_split_corpus(dataset, split_documents(dataset.num_docs, 0.1, 0)[0]),
         w / "fgrams",
         max_n=4,
         num_fgrams=500,
@@ -905,6 +918,7 @@ def world(tmp_path_factory) -> Path:
     sha = tokenizer.sha256
     make_dataset(w / "empty_ds", [], 300, tokenizer_sha256=sha)
     make_dataset(w / "short_ds", [np.array([5, 6, 7])] * 3, 300, tokenizer_sha256=sha)
+    make_dataset(w / "one_doc_ds", [np.arange(3000) % 60 + 3], 300, tokenizer_sha256=sha)
     shutil.copytree(w / "other_ds", w / "pickled_ds")
     np.save(
         w / "pickled_ds" / "doc_offsets.npy",

@@ -171,7 +171,9 @@ def _write(tmp_path, text: str) -> Path:
             "SCONE_TEST_UNSET_VARIABLE",
         ),
         ("config: no_such_preset\npoints: {a: {}}\n", "no_such_preset"),
-        ("config: tiny\npoints: {a: {train.steps: -1}}\n", "train.steps=-1"),
+        ("config: tiny\npoints: {a: {train.steps: -1}}\n", "sweep point a: .*train.steps=-1"),
+        ("config: tiny\npoints: {a: {run_dir: x}}\n", "sweep point a: run_dir is the sweep's"),
+        ("config: tiny\npoints: {a: {}, a: {train.steps: 3}}\n", "key 'a' is repeated"),
         ("config: tiny\npoints: !!python/object:os.system {}\n", "not valid YAML"),
     ],
 )
@@ -180,6 +182,18 @@ def test_bad_sweep_files_are_one_line_errors(tmp_path, text, message, monkeypatc
     with pytest.raises(UserError, match=message.replace("$", r"\$")) as e:
         plan_sweep(load_sweep(_write(tmp_path, text)), tmp_path / "out")
     assert "\n" not in str(e.value)
+
+
+def test_a_sweep_planned_from_anywhere_names_the_same_absolute_paths(tmp_path, monkeypatch):
+    """A relative --out gives the configs an absolute run_dir and dataset, so the sweep can be
+    rerun, evaluated or reported from any working directory."""
+    path = _write(tmp_path, "config: tiny\npoints: {a: {data.dataset: ds}}\n")
+    monkeypatch.chdir(tmp_path)
+    relative = plan_sweep(load_sweep(path), "out").points[0].config
+    monkeypatch.chdir(tmp_path.parent)
+    absolute = plan_sweep(load_sweep(path), tmp_path / "out").points[0].config
+    assert relative.run_dir == absolute.run_dir == str(tmp_path / "out" / "points" / "a")
+    assert relative.data.dataset == str(tmp_path / "ds")  # the dataset the planner meant
 
 
 def test_variables_expand_with_defaults_and_environment(tmp_path, monkeypatch):
@@ -276,3 +290,7 @@ def test_report_of_an_unstarted_sweep_lists_points_as_incomplete_or_missing(tmp_
     ]
     assert "| num_fgrams-20 | missing |" in (report / "results.md").read_text()
     assert not list(report.glob("*.png"))  # nothing finished: nothing to plot
+    shutil.copytree(tmp_path / "out", tmp_path / "copy")  # a copy reports its own points
+    shutil.rmtree(tmp_path / "copy" / "points" / "base")
+    rows = list(csv.DictReader((write_report(tmp_path / "copy") / "results.csv").open()))
+    assert [r["status"] for r in rows] == ["missing", "incomplete", "missing"]

@@ -9,7 +9,12 @@ from scone_jax.config import FgramConfig
 from scone_jax.data.dataset import TokenizedDataset, write_dataset
 from scone_jax.data.pipeline import BatchStream, WindowSource, split_documents
 from scone_jax.fgrams.build import build_fgram_set
-from scone_jax.train.fgram_inputs import prepare_fgram_inputs, train_split_corpus
+from scone_jax.fgrams.corpus import Corpus
+from scone_jax.train.fgram_inputs import (
+    load_or_build_fgram_set,
+    prepare_fgram_inputs,
+    train_split_corpus,
+)
 
 
 def test_a_set_counted_on_the_training_split_records_the_datasets_tokenizer(tmp_path):
@@ -34,6 +39,36 @@ def test_a_set_counted_on_the_training_split_records_the_datasets_tokenizer(tmp_
     meta = json.loads((tmp_path / "fg" / "meta.json").read_text())
     assert meta["tokenizer_path"] == str(tokenizer)
     assert meta["num_tokens"] == 27
+
+
+def test_a_given_set_counted_on_the_held_out_documents_too_is_warned_of(
+    markov_dataset, tmp_path, capsys
+):
+    """A set of the whole dataset lets held-out text choose the f-grams: training says so; a set
+    of the training split (as `fgrams build --heldout-fraction` counts it) passes quietly."""
+    train_ids, eval_ids = split_documents(markov_dataset.num_docs, 0.2, 0)
+    assert len(eval_ids)
+    sets = {
+        "whole": Corpus.from_dataset(markov_dataset),
+        "split": train_split_corpus(markov_dataset, train_ids),
+    }
+    for name, corpus in sets.items():
+        build_fgram_set(
+            corpus, tmp_path / name, max_n=4, num_fgrams=50, min_count=2, progress=False
+        )
+    for name, warned in (("whole", True), ("split", False)):
+        cfg = FgramConfig(enabled=True, max_n=4, fgram_set=str(tmp_path / name))
+        load_or_build_fgram_set(cfg, markov_dataset, train_ids, tmp_path / "run", progress=False)
+        err = capsys.readouterr().err
+        assert ("held-out document(s) included" in err) == warned, (name, err)
+    load_or_build_fgram_set(  # nothing held out: nothing to warn of
+        FgramConfig(enabled=True, max_n=4, fgram_set=str(tmp_path / "whole")),
+        markov_dataset,
+        np.arange(markov_dataset.num_docs),
+        tmp_path / "run",
+        progress=False,
+    )
+    assert not capsys.readouterr().err
 
 
 def dropping_stream(dataset, tmp_path, rng, **dropout):
