@@ -61,13 +61,15 @@ def config_differences(old: Config, new: Config) -> list[str]:
 
 
 def check_run_dir(cfg: Config) -> Path:
-    """The run dir of `cfg`, after checking that an existing one holds the same run."""
+    """The run dir of `cfg`, after checking that an existing one holds the same run (or one
+    that never started: a config saved and nothing else, as a sweep plans its points)."""
     run_dir = Path(cfg.run_dir)
     check_output_path(run_dir, "run_dir")
     saved = run_dir / CONFIG_FILE
     if saved.is_file():
         differs = config_differences(load_config(saved), cfg)
-        if differs:
+        never_started = {p.name for p in run_dir.iterdir()} == {CONFIG_FILE}
+        if differs and not never_started:  # a run that wrote nothing yet may take a new config
             raise UserError(
                 f"run_dir {run_dir} holds a run with a different config (differs in "
                 f"{', '.join(differs[:5])}); use a new run_dir or the same config to resume"

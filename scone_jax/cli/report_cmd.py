@@ -21,12 +21,16 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from scone_jax.atomic import check_output_path, check_replaceable
+    from scone_jax.errors import UserError
     from scone_jax.sweep.report import REPORT_KIND, REPORT_MARKER, write_report
 
     if args.out:
         check_output_path(args.out, "report directory --out")
         check_replaceable(args.out, True, REPORT_MARKER, REPORT_KIND)
-    out = write_report(args.sweep_dir, args.out)
+    try:
+        out = write_report(args.sweep_dir, args.out)
+    except OSError as e:  # the report's directory could not be made or written
+        raise UserError(f"cannot write the report: {e.strerror or e}") from None
     print((out / "results.md").read_text(encoding="utf-8"), end="")
     print(f"report written to {out}")
     return 0

@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from scone_jax.artifacts.run_dir import CONFIG_FILE, FINAL_EVAL_FILE, check_run_dir, save_run_config
+from scone_jax.artifacts.run_dir import FINAL_EVAL_FILE, check_run_dir, save_run_config
 from scone_jax.atomic import atomic_write_json
 from scone_jax.config import Config, load_config
 from scone_jax.data.dataset import META_FILE
@@ -68,14 +68,14 @@ class SweepPlan:
     points: list[PointPlan]
 
     def write(self) -> None:
-        """Save the expansion and each point's resolved config (checked against an earlier one)."""
+        """Save the expansion and each point's resolved config (checked against an earlier one
+        of a point that started)."""
         for pp in self.points:
             try:
-                run_dir = check_run_dir(pp.config)
+                check_run_dir(pp.config)
             except UserError as e:
                 raise UserError(f"sweep point {pp.point.name}: {e}") from None
-            if not (run_dir / CONFIG_FILE).is_file():
-                save_run_config(pp.config)
+            save_run_config(pp.config)  # the same run's, or one that never started
         record = {
             "name": self.spec.name,
             "sweep_file": str(self.spec.path.absolute()),

@@ -158,7 +158,8 @@ def draw_plots(rows: list[dict], out_dir: Path, title: str) -> list[str]:
     for name, x, varies, xlabel, log_x, group_by in AXES:
         if _axis_plot(rows, out_dir / name, x, varies, xlabel, log_x, group_by, title):
             written.append(name)
-    if rows:
-        _params_plot(rows, out_dir / "ppl_vs_accelerator_params.png", title)
+    sized = [r for r in rows if "accelerator_params" in r]  # a run_info.json says its vocabulary
+    if sized:
+        _params_plot(sized, out_dir / "ppl_vs_accelerator_params.png", title)
         written.append("ppl_vs_accelerator_params.png")
     return written

@@ -45,12 +45,23 @@ COLUMNS = (
 
 
 def _read_json(path: Path) -> dict | None:
+    """A JSON object file's contents, None where it is missing; anything else is a one-line
+    UserError naming it."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
         raise UserError(f"cannot read {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path} holds a JSON {type(data).__name__} (expected an object)")
+    return data
+
+
+def _require(record: dict, keys: tuple[str, ...], where: str) -> None:
+    missing = [k for k in keys if k not in record]
+    if missing:
+        raise UserError(f"{where} lacks {', '.join(missing)} (expected {', '.join(keys)})")
 
 
 def _train_flops(run_dir: Path) -> float | None:
@@ -59,8 +70,18 @@ def _train_flops(run_dir: Path) -> float | None:
     if not path.is_file():
         return None
     total, seen = 0.0, False
-    for line in path.read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            if number == len(lines):
+                break  # a line a killed run left half-written
+            raise UserError(
+                f"{path} line {number} is not JSON (expected one record per line)"
+            ) from None
+        if not isinstance(record, dict):
+            raise UserError(f"{path} line {number} is not a JSON object")
         if record.get("kind") == "train" and "step_flops" in record:
             total, seen = total + record["step_flops"], True
     return total if seen else None
@@ -113,7 +134,14 @@ def point_row(name: str, run_dir: Path) -> dict:
     else:
         row.update(num_fgrams=0, table_rows=0, table_bytes=0)
     results = (final or {}).get("results", {})
+    if not isinstance(results, dict):
+        raise UserError(f"{run_dir / FINAL_EVAL_FILE}: results is not a mapping of eval sets")
     for corpus, r in results.items():
+        if not isinstance(r, dict):
+            raise UserError(f"{run_dir / FINAL_EVAL_FILE}: results.{corpus} is not an object")
+        _require(
+            r, ("perplexity", "bits_per_byte"), f"{run_dir / FINAL_EVAL_FILE} results.{corpus}"
+        )
         row[f"ppl_{corpus}"] = r["perplexity"]
         row[f"bpb_{corpus}"] = r["bits_per_byte"]
     if results:
@@ -132,8 +160,12 @@ def gather(sweep_dir: str | Path) -> tuple[dict, list[dict]]:
             f"{sweep_dir} is not a sweep directory (no {PLAN_FILE}; expected the --out of "
             "`scone-jax sweep`)"
         )
+    _require(plan, ("name", "points"), str(sweep_dir / PLAN_FILE))
     rows = []
     for point in plan["points"]:
+        if not isinstance(point, dict):
+            raise UserError(f"{sweep_dir / PLAN_FILE}: a point is not an object")
+        _require(point, ("name", "axes"), f"{sweep_dir / PLAN_FILE} point")
         run_dir = sweep_dir / "points" / point["name"]  # where the sweep put it, wherever it moved
         if (run_dir / CONFIG_FILE).is_file():
             row = point_row(point["name"], run_dir)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from scone_jax.cli.main import main
-from scone_jax.config import parse_overrides
+from scone_jax.config import load_config, parse_overrides
 from scone_jax.config.load import PRESET_DIR
 from scone_jax.errors import UserError
 from scone_jax.sweep.plan import plan_sweep
@@ -204,10 +204,16 @@ def test_variables_expand_with_defaults_and_environment(tmp_path, monkeypatch):
     assert load_sweep(_write(tmp_path, text)).eval_corpora == {"x": "/data/a.txt"}
 
 
-def test_changed_point_config_is_refused_before_anything_runs(tmp_path):
+def test_changed_point_config_is_refused_before_anything_runs_once_the_point_started(tmp_path):
+    """A point that wrote nothing but its config (a sweep stopped before it, by a missing corpus
+    say) takes the corrected one; a point that started keeps its own."""
     path = _write(tmp_path, "config: tiny\npoints: {a: {train.steps: 5}}\n")
     plan_sweep(load_sweep(path), tmp_path / "out").write()
     path.write_text("config: tiny\npoints: {a: {train.steps: 6}}\n")
+    plan_sweep(load_sweep(path), tmp_path / "out").write()
+    assert load_config(tmp_path / "out" / "points" / "a" / "config.yaml").train.steps == 6
+    (tmp_path / "out" / "points" / "a" / "metrics.jsonl").write_text("")  # it started
+    path.write_text("config: tiny\npoints: {a: {train.steps: 7}}\n")
     with pytest.raises(UserError, match=r"sweep point a: .* \(differs in train.steps\)"):
         plan_sweep(load_sweep(path), tmp_path / "out").write()
 
