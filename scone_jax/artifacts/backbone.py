@@ -13,6 +13,7 @@ import numpy as np
 import yaml
 
 from scone_jax.atomic import atomic_dir, atomic_write_json
+from scone_jax.config.load import load_yaml
 from scone_jax.errors import UserError
 
 FORMAT_VERSION = 1
@@ -64,7 +65,7 @@ def load_backbone(directory: str | Path) -> tuple[dict, dict, dict]:
     directory = Path(directory)
     try:
         meta = json.loads((directory / "meta.json").read_text())
-        model = yaml.safe_load((directory / "config.yaml").read_text())["model"]
+        model = load_yaml((directory / "config.yaml").read_text())["model"]
         with np.load(directory / "params.npz", allow_pickle=False) as data:
             flat = {k: data[k] for k in data.files}
     except (OSError, ValueError, KeyError) as e:

@@ -68,12 +68,7 @@ def load_run_params(
     resolved (`agreed_checkpoint`)."""
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir)
-    info_path = run_dir / RUN_INFO_FILE
-    if not info_path.is_file():
-        raise UserError(
-            f"{run_dir} has no {RUN_INFO_FILE} (expected a run directory made by `scone-jax train`)"
-        )
-    info = json.loads(info_path.read_text())
+    info = read_run_info(run_dir)
     directory, step = step if isinstance(step, CheckpointRef) else agreed_checkpoint(run_dir, step)
     mesh = mesh or make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
     rules = make_rules(cfg.mesh.rules)
@@ -100,12 +95,26 @@ def load_run_params(
     )
 
 
+def read_run_info(run_dir: str | Path) -> dict[str, Any]:
+    info_path = Path(run_dir) / RUN_INFO_FILE
+    if not info_path.is_file():
+        raise UserError(
+            f"{run_dir} has no {RUN_INFO_FILE} (expected a run directory made by `scone-jax train`)"
+        )
+    return json.loads(info_path.read_text())
+
+
+def run_fingerprint(run_dir: str | Path, checkpoint: CheckpointRef) -> str:
+    """`checkpoint_fingerprint` of a run's checkpoint, without restoring it."""
+    return checkpoint_fingerprint(load_run_config(run_dir), read_run_info(run_dir), checkpoint.step)
+
+
 def checkpoint_fingerprint(cfg: Config, info: dict[str, Any], step: int) -> str:
     """What an export records of the checkpoint it came from, so a table is never served with
     another run's backbone: the config less what a restart may change, the run info less where
-    its inputs lie, and the step. A no-op rerun, a cadence change or a copied run directory
-    keeps it (and every export made before stays usable); a regular and a best checkpoint of one
-    step share it, as they share their parameters."""
+    its inputs lie (its `run_id` tells two runs of one config apart), and the step. A no-op
+    rerun, a cadence change or a copied run directory keeps it; a regular and a best checkpoint
+    of one step share it, as they share their parameters."""
     located = {"dataset", "fgram_set"}  # absolute paths: a copied run's differ
     identity = {
         "config": run_identity(cfg),

@@ -8,6 +8,8 @@ a run moved or copied elsewhere resumes there.
 
 from __future__ import annotations
 
+import json
+import uuid
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -47,6 +49,17 @@ def _flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+def run_id(run_dir: str | Path) -> str:
+    """The run's own identity, drawn at its first start and kept in run_info.json through
+    restarts and copies: two runs of one config (another directory, or retrained after a
+    delete) are two runs, whose exports must not mix."""
+    try:
+        kept = json.loads((Path(run_dir) / RUN_INFO_FILE).read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        kept = None
+    return kept or uuid.uuid4().hex
 
 
 def run_identity(cfg: Config) -> dict[str, Any]:

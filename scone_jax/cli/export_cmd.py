@@ -130,8 +130,9 @@ def run(args) -> int:
 
 def check_outputs(args) -> None:
     """Refuse unusable output paths before the f-gram model runs: a local --out that exists but is
-    not a table (never replaced, even with --overwrite), and a --backbone-out or --hf-out that
-    exists, unless --overwrite."""
+    not a table (never replaced, even with --overwrite), a --backbone-out or --hf-out that exists
+    without --overwrite, and with it one that is not an export of its kind or holds the working
+    directory (`check_replaceable`)."""
     from scone_jax.artifacts.backbone import BACKBONE_KIND, BACKBONE_MARKER
     from scone_jax.artifacts.hf_checkpoint import CONFIG, HF_KIND
     from scone_jax.artifacts.table_store import META, parse_location
@@ -152,6 +153,6 @@ def check_outputs(args) -> None:
     ):
         if out:
             check_output_path(out, flag)
-            if Path(out).exists() and not args.overwrite:
+            if Path(out).exists() and not args.overwrite:  # the message names the flag
                 raise UserError(f"{flag} {out} already exists (remove it or pass --overwrite)")
             check_replaceable(out, args.overwrite, marker, kind)

@@ -398,7 +398,7 @@ def cmd_tag(args) -> int:
         os.replace(tmp_ids, out_ids)
         os.replace(tmp_lengths, out_lengths)
     except PermissionError as e:
-        raise UserError(f"cannot write {e.filename}: {e.strerror}") from None
+        raise UserError(f"cannot write {e.filename or out_ids.parent}: {e.strerror}") from None
     finally:
         for path in (tmp_ids, tmp_lengths):
             if path is not None:

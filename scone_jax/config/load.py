@@ -36,12 +36,17 @@ class _NoRepeatedKeys(yaml.SafeLoader):
         if isinstance(node, yaml.MappingNode):
             seen = set()
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *anchor`: the base class merges it, and a key may override it
                 key = self.construct_object(key_node, deep=deep)
                 if not isinstance(key, typing.Hashable):
                     continue  # the base class reports an unhashable key
                 if key in seen:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"key {key!r} is repeated", key_node.start_mark
+                        None,
+                        None,
+                        f"key {key!r} is repeated (line {key_node.start_mark.line + 1})",
+                        key_node.start_mark,
                     )
                 seen.add(key)
         return super().construct_mapping(node, deep=deep)

@@ -26,8 +26,14 @@ import numpy as np
 import tensorstore as ts
 from jax.sharding import NamedSharding
 
-from scone_jax.artifacts.restore import RunParams, load_run_params, on_local_devices
-from scone_jax.artifacts.run_dir import CheckpointChoice
+from scone_jax.artifacts.restore import (
+    RunParams,
+    agreed_checkpoint,
+    load_run_params,
+    on_local_devices,
+    run_fingerprint,
+)
+from scone_jax.artifacts.run_dir import CheckpointChoice, CheckpointRef
 from scone_jax.artifacts.table_store import (
     FGRAM_SET_DIR,
     FORMAT_VERSION,
@@ -324,9 +330,9 @@ def export_table(
         )
     existing = read_json(final, META)
     replacing = existing is not None
-    run = load_run_params(run_dir, step)
-    if replacing and not overwrite:
-        same = {"checkpoint_fingerprint": run.fingerprint, "dtype": dtype}
+    checkpoint = step if isinstance(step, CheckpointRef) else agreed_checkpoint(run_dir, step)
+    if replacing and not overwrite:  # decided before the checkpoint is restored
+        same = {"checkpoint_fingerprint": run_fingerprint(run_dir, checkpoint), "dtype": dtype}
         if all(existing.get(k) == v for k, v in same.items()):
             return {**existing, "rows_per_s": None}  # this checkpoint's table, in this dtype
         raise UserError(
@@ -334,6 +340,7 @@ def export_table(
             f"(step {existing.get('checkpoint_step')}, {existing.get('dtype')}; remove it or pass "
             "--overwrite)"
         )
+    run = load_run_params(run_dir, checkpoint)
     if not run.cfg.fgrams.enabled:
         raise UserError(
             f"run {run_dir} is a baseline (fgrams.enabled=false): it has no f-gram model to export"

@@ -80,7 +80,8 @@ def load_or_build_fgram_set(
     if cfg.fgram_set:
         fgram_set = FgramSet.load(cfg.fgram_set)
         held_out = dataset.num_docs - len(train_ids)
-        if held_out and fgram_set.meta.get("tokens_sha256") == dataset.meta.get("tokens_sha256"):
+        counted_on = fgram_set.meta.get("tokens_sha256")
+        if held_out and counted_on is not None and counted_on == dataset.meta.get("tokens_sha256"):
             print(
                 f"warning: f-gram set {cfg.fgram_set} was counted on all of {dataset.path}, its "
                 f"{held_out} held-out document(s) included, so held-out perplexity is optimistic; "

@@ -27,6 +27,7 @@ from scone_jax.artifacts.run_dir import (
     best_checkpoint_dir,
     check_run_dir,
     checkpoints_dir,
+    run_id,
     save_run_config,
 )
 from scone_jax.atomic import atomic_write_json
@@ -96,7 +97,9 @@ def train(cfg: Config) -> dict:
         raise
     if is_main:
         save_run_config(cfg)
-        atomic_write_json(run_dir / RUN_INFO_FILE, session.run_info())
+        atomic_write_json(
+            run_dir / RUN_INFO_FILE, {**session.run_info(), "run_id": run_id(run_dir)}
+        )
     total = cfg.train.steps
     ckpt = Checkpointer(
         checkpoints_dir(run_dir),

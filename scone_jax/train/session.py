@@ -5,6 +5,7 @@ Shared by `scone-jax train` and `scone-jax eval`, so both see the same splits an
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,19 +135,20 @@ HELDOUT = "heldout"  # the name of the run's own held-out split among its eval s
 
 
 def eval_set_names(paths: list[str]) -> list[str]:
-    """A name per extra eval dataset: its directory's name, or as many of its trailing path
-    parts as tell it from the others and from the held-out split (`a/test` and `b/test`)."""
+    """A name per extra eval dataset: its directory's name, or, for one whose name an earlier
+    set or the held-out split took, as many of its trailing path parts as tell it apart (`test`
+    and `b/test`). The run's own sets come first, so naming another never renames them."""
     parts = [Path(p).absolute().parts for p in paths]
+    for i, p in enumerate(parts):
+        if p in parts[:i]:
+            raise UserError(f"eval dataset {paths[i]} is given twice")
     depth = [1] * len(paths)
-    while True:
+    while True:  # distinct paths: their whole spellings differ, so this ends
         names = ["/".join(p[-d:]) for p, d in zip(parts, depth, strict=True)]
-        clashing = [i for i, n in enumerate(names) if n == HELDOUT or names.count(n) > 1]
-        growable = [i for i in clashing if depth[i] < len(parts[i])]
-        if not growable:
-            if clashing:
-                raise UserError(f"eval dataset {paths[clashing[0]]} is given twice")
+        clashing = [i for i, n in enumerate(names) if n == HELDOUT or n in names[:i]]
+        if not clashing:
             return names
-        for i in growable:
+        for i in clashing:
             depth[i] += 1
 
 
@@ -234,10 +236,20 @@ def check_batch_layout(cfg: Config, data_parallel: int) -> None:
         )
 
 
-def _check_heldout_split(cfg: Config, dataset: TokenizedDataset, eval_ids: np.ndarray) -> None:
+def _check_heldout_split(
+    cfg: Config, dataset: TokenizedDataset, eval_ids: np.ndarray, other_eval_sets: bool
+) -> None:
     """A run asked to hold text out gets a held-out split it can evaluate, or stops saying why:
-    documents are held out whole, so a corpus of one file (one document) has none to give."""
+    documents are held out whole, so a corpus of one file (one document) has none to give. A
+    run with other eval sets is only warned: it has something to evaluate on."""
     if cfg.data.eval_fraction > 0 and dataset.num_docs == 1:  # none at all: no windows either
+        if other_eval_sets:
+            print(
+                f"warning: dataset {dataset.path} has 1 document, so no held-out split; the "
+                "run evaluates on its other eval sets only",
+                file=sys.stderr,
+            )
+            return
         raise UserError(
             f"dataset {dataset.path} has 1 document, so no whole document "
             f"can be held out (data.eval_fraction={cfg.data.eval_fraction}); split the text into "
@@ -264,7 +276,8 @@ def open_session(cfg: Config, run_dir: Path, extra_eval: list[str] | None = None
     tx, schedule = make_optimizer(cfg.optim, cfg.train.steps)
     setup = setup_train_state(build_model_fn(cfg, vocab), tx, cfg.train.seed, mesh, rules)
     train_ids, eval_ids = split_documents(dataset.num_docs, cfg.data.eval_fraction, cfg.data.seed)
-    _check_heldout_split(cfg, dataset, eval_ids)  # before the f-grams are counted and tagged
+    extra = list(cfg.data.eval_datasets) + list(extra_eval or [])
+    _check_heldout_split(cfg, dataset, eval_ids, bool(extra))  # before the f-grams are counted
     fgrams = None
     if cfg.fgrams.enabled:
         main_process = jax.process_index() == 0
@@ -301,7 +314,7 @@ def open_session(cfg: Config, run_dir: Path, extra_eval: list[str] | None = None
         dataset,
         eval_ids,
         cfg.train.batch_size,
-        list(cfg.data.eval_datasets) + list(extra_eval or []),
+        extra,
         fgrams,
     )
     return Session(

@@ -144,10 +144,14 @@ def test_a_preset_name_is_the_preset_beside_a_run_directory_or_file_of_that_name
     assert load_config("mine").train.steps == 9
 
 
-def test_a_repeated_key_is_refused_not_silently_dropped(tmp_path):
+def test_a_repeated_key_is_refused_not_silently_dropped_and_merges_still_work(tmp_path):
     (tmp_path / "twice.yaml").write_text("train:\n  steps: 5\nmodel: {}\ntrain:\n  seed: 2\n")
-    with pytest.raises(UserError, match="key 'train' is repeated"):
+    with pytest.raises(UserError, match=r"key 'train' is repeated \(line 4\)"):
         load_config(tmp_path / "twice.yaml")
+    merge = "train:\n  <<: &base {steps: 5, seed: 2}\n  seed: 3\n"  # a key overrides a merged one
+    (tmp_path / "merged.yaml").write_text("base: tiny\n" + merge)
+    cfg = load_config(tmp_path / "merged.yaml")
+    assert (cfg.train.steps, cfg.train.seed) == (5, 3)
 
 
 def test_parse_overrides_nesting():

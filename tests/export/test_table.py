@@ -105,16 +105,23 @@ def test_an_object_store_table_replaced_is_the_old_one_or_none_or_the_new_one(ru
     )
 
 
-def test_existing_table_is_reused_when_it_is_this_export_and_never_overwritten(run):
+def test_existing_table_is_reused_when_it_is_this_export_and_never_overwritten(run, monkeypatch):
     """A rerun of the same export (same checkpoint, same dtype) returns the finished table's meta
-    and computes nothing; another step or dtype is refused without --overwrite. Either way the
-    table is untouched."""
+    and computes nothing; another step or dtype is refused without --overwrite, before the
+    checkpoint is restored. Either way the table is untouched."""
+    import scone_jax.export.table as table_module
+
     run_dir, root = run
     first = export_table(run_dir, str(root / "keep"), progress=False)
     before = (root / "keep" / "meta.json").read_bytes()
     again = export_table(run_dir, str(root / "keep"), progress=False)
     assert first["rows_per_s"] > 0 and again["rows_per_s"] is None
     assert again["checksum"] == first["checksum"]
+
+    def never_restored(*args, **kwargs):
+        raise AssertionError("the checkpoint was restored before the table was refused")
+
+    monkeypatch.setattr(table_module, "load_run_params", never_restored)
     for other in ({"dtype": "bfloat16"}, {"step": 5}):
         with pytest.raises(UserError, match="already exists, exported from another checkpoint"):
             export_table(run_dir, str(root / "keep"), progress=False, **other)
