@@ -34,8 +34,11 @@ def run(args) -> int:
 
 
 def _demo(cfg, out: Path) -> int:
+    from scone_jax.artifacts.backbone import load_backbone
+    from scone_jax.artifacts.restore import agreed_checkpoint, run_fingerprint
     from scone_jax.artifacts.run_dir import CONFIG_FILE, checkpoints_dir
     from scone_jax.artifacts.table_store import META, parse_location, read_json
+    from scone_jax.cli.generate_cmd import continuation
     from scone_jax.evaluation.run import evaluate_run
     from scone_jax.export.backbone import export_backbone
     from scone_jax.export.table import export_table
@@ -48,10 +51,20 @@ def _demo(cfg, out: Path) -> int:
     summary = train(cfg)
     run_dir = Path(summary["run_dir"])
     table, backbone = out / "table", out / "backbone"
-    if read_json(parse_location(str(table)), META) is None:
-        export_table(run_dir, str(table), progress=cfg.logging.progress)
-    if not backbone.exists():
-        export_backbone(run_dir, backbone)
+    # the demo owns its exports: one of another checkpoint (or an older fingerprint) is redone
+    checkpoint = agreed_checkpoint(run_dir)
+    current = run_fingerprint(run_dir, checkpoint)
+    existing = read_json(parse_location(str(table)), META)
+    if existing is None or existing.get("checkpoint_fingerprint") != current:
+        export_table(
+            run_dir,
+            str(table),
+            step=checkpoint,
+            progress=cfg.logging.progress,
+            overwrite=existing is not None,
+        )
+    if not backbone.exists() or load_backbone(backbone)[2].get("checkpoint_fingerprint") != current:
+        export_backbone(run_dir, backbone, checkpoint, overwrite=True)
     live = evaluate_run(run_dir)["results"][HELDOUT]
     served = evaluate_run(run_dir, table=str(table), tier="host")["results"][HELDOUT]
     from scone_jax.data.dataset import TokenizedDataset
@@ -83,8 +96,6 @@ def _demo(cfg, out: Path) -> int:
         f"  held-out perplexity: live f-gram model {live['perplexity']:.2f}, "
         f"exported table {served['perplexity']:.2f} (bits/byte {served['bits_per_byte']:.3f})"
     )
-    print(
-        f"  sample: {prompt!r} -> "
-        f"{tokenizer.decode([t for t in sample if t != tokenizer.eos_id])!r}"
-    )
+    new = [t for t in sample if t != tokenizer.eos_id]
+    print(f"  sample: {prompt!r} -> {continuation(tokenizer, tokenizer.encode(prompt), new)!r}")
     return 0

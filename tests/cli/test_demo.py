@@ -87,3 +87,22 @@ def test_generate_prints_what_the_engine_decodes(demo, source):
         f"--- prompt {i + 1} of 2 ---\n{text}\n" for i, text in enumerate(want)
     )  # each prompt and its continuation
     assert any(len(text) > len(p) for text, p in zip(want, prompts))  # something was generated
+
+
+def test_a_rerun_redoes_exports_that_another_checkpoint_made(demo, tmp_path):
+    """Exports left by an older version, or of a run since changed, are the demo's own to redo:
+    a copy whose run now has another identity reruns to completion with fresh exports."""
+    import json
+    import shutil
+
+    from scone_jax.artifacts.restore import agreed_checkpoint, run_fingerprint
+
+    out = tmp_path / "out"
+    shutil.copytree(demo[0], out)
+    info = json.loads((out / "run" / "run_info.json").read_text())
+    (out / "run" / "run_info.json").write_text(json.dumps({**info, "run_id": "another run"}))
+    res = cli_run(["demo", "--out", str(out), *TINY], timeout=900)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    current = run_fingerprint(out / "run", agreed_checkpoint(out / "run"))
+    for meta in (out / "table" / "meta.json", out / "backbone" / "meta.json"):
+        assert json.loads(meta.read_text())["checkpoint_fingerprint"] == current
