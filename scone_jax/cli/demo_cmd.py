@@ -34,7 +34,8 @@ def run(args) -> int:
 
 
 def _demo(cfg, out: Path) -> int:
-    from scone_jax.artifacts.backbone import load_backbone
+    import json
+
     from scone_jax.artifacts.restore import agreed_checkpoint, run_fingerprint
     from scone_jax.artifacts.run_dir import CONFIG_FILE, checkpoints_dir
     from scone_jax.artifacts.table_store import META, parse_location, read_json
@@ -63,7 +64,10 @@ def _demo(cfg, out: Path) -> int:
             progress=cfg.logging.progress,
             overwrite=existing is not None,
         )
-    if not backbone.exists() or load_backbone(backbone)[2].get("checkpoint_fingerprint") != current:
+    backbone_meta = backbone / "meta.json"  # its fingerprint, without reading the weights
+    if not backbone_meta.is_file() or (
+        json.loads(backbone_meta.read_text()).get("checkpoint_fingerprint") != current
+    ):
         export_backbone(run_dir, backbone, checkpoint, overwrite=True)
     live = evaluate_run(run_dir)["results"][HELDOUT]
     served = evaluate_run(run_dir, table=str(table), tier="host")["results"][HELDOUT]
