@@ -254,7 +254,9 @@ def cmd_build(args) -> int:
     corpus = _training_split(args) if args.heldout_fraction else _corpus(args)
     kwargs = {}
     if args.backend == "beam":
-        kwargs["beam_options"] = shlex.split(args.beam_options) if args.beam_options else None
+        kwargs["beam_options"] = _beam_options(args.beam_options)
+        if args.beam_work_dir:
+            _check_work_dir(args.beam_work_dir)
         kwargs["beam_dataset"] = args.beam_dataset
         kwargs["beam_work_dir"] = args.beam_work_dir
     elif args.beam_options or args.beam_dataset or args.beam_work_dir:
@@ -281,6 +283,22 @@ def cmd_build(args) -> int:
     return 0
 
 
+def _beam_options(text: str | None) -> list[str] | None:
+    if not text:
+        return None
+    try:
+        return shlex.split(text)
+    except ValueError as e:  # an unbalanced quote
+        raise UserError(f"--beam-options {text!r}: {e} (expected shell-quoted options)") from None
+
+
+def _check_work_dir(work_dir: str) -> None:
+    """A local work dir must be a directory that exists (storage URLs are Beam's to check)."""
+    if "://" not in work_dir and not os.path.isdir(work_dir):
+        what = "is a file" if os.path.exists(work_dir) else "does not exist"
+        raise UserError(f"--beam-work-dir {work_dir} {what} (expected an existing directory)")
+
+
 def _training_split(args):
     """The documents `scone-jax train` trains on, so that held-out text never chooses f-grams."""
     from scone_jax.data.dataset import TokenizedDataset
@@ -293,7 +311,7 @@ def _training_split(args):
         raise UserError(f"--heldout-fraction {args.heldout_fraction} (expected 0 < F < 1)")
     dataset = TokenizedDataset.open(args.dataset)
     train_ids, _ = split_documents(dataset.num_docs, args.heldout_fraction, args.split_seed)
-    return train_split_corpus(dataset, train_ids)
+    return train_split_corpus(dataset, train_ids, args.heldout_fraction, args.split_seed)
 
 
 def _check_workers(args) -> None:

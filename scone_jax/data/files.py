@@ -93,7 +93,17 @@ def jsonl_documents(path: Path, field: str) -> Iterator[str]:
                 f"{path}:{lineno}: no string field {field!r} "
                 f"(expected a JSON object with a {field!r} text field; see data.text_field)"
             )
-        yield record[field]
+        text = record[field]
+        if "\\u" in line:  # an escaped lone surrogate is valid JSON but not text
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise UserError(
+                    f"{path}:{lineno}: field {field!r} holds a lone surrogate "
+                    f"({text[e.start]!r} at character {e.start}; expected text that UTF-8 can "
+                    "encode)"
+                ) from None
+        yield text
 
 
 def parquet_documents(path: Path, column: str) -> Iterator[str]:
@@ -115,13 +125,31 @@ def parquet_documents(path: Path, column: str) -> Iterator[str]:
         kind = schema.field(column).type
         if not _is_text(kind):
             raise UserError(f"{path}: column {column!r} has type {kind} (expected strings)")
+        row = 0
         try:
             for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[column]):
-                for value in batch.column(0).to_pylist():
+                try:
+                    values = batch.column(0).to_pylist()
+                except UnicodeDecodeError:
+                    raise UserError(
+                        f"{path}: row {row + _first_bad_utf8(batch.column(0))} of column "
+                        f"{column!r} is not valid UTF-8 (expected text)"
+                    ) from None
+                for value in values:
                     if value is not None:
                         yield value
+                row += batch.num_rows
         except (OSError, pa.ArrowException) as e:
             raise UserError(f"cannot read corpus file {path}: {_os_reason(e)}") from None
+
+
+def _first_bad_utf8(values: pa.Array) -> int:
+    for i in range(len(values)):
+        try:
+            values[i].as_py()
+        except UnicodeDecodeError:
+            return i
+    return 0
 
 
 def _is_text(kind: pa.DataType) -> bool:

@@ -6,6 +6,9 @@ datasets, f-gram sets, training and generation take either. Conventions:
 
 * Texts are encoded without the tokenizer's post-processor (`add_special_tokens=False`), so no
   BOS is added and a document is `encode(doc) + [eos]`, as with sentencepiece.
+* A special token's text inside a document (`<|endoftext|>` written out) is encoded as text,
+  as sentencepiece does: only the dataset's own document ends are EOS, and token bytes still
+  sum to the text's bytes.
 * EOS and BOS are the added special tokens with the usual names (`EOS_NAMES`, `BOS_NAMES`);
   a file with no EOS among them gives `eos_id == -1` (tokenize with `--no-eos`).
 * `sha256` hashes the file's bytes, the fingerprint every artifact made with it carries.
@@ -61,6 +64,7 @@ class HFTokenizer(TokenizerFile):
                 f"tokenizer {self._path} is not a valid Hugging Face tokenizer.json ({reason})"
             ) from None
         self._spec = spec
+        self._tok.encode_special_tokens = True  # a special token's text in a document is text
         specials = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t["special"]}
         self._eos = next((specials[n] for n in EOS_NAMES if n in specials), -1)
         self._bos = next((specials[n] for n in BOS_NAMES if n in specials), -1)

@@ -210,8 +210,10 @@ def build_pipeline(
     shard_tokens: int | None = None,
     partitions: int | None = None,
     run: str | None = None,
+    doc_ids: np.ndarray | None = None,
 ):
-    """Add the counting stages to pipeline `p`; results go to files under `out_prefix`."""
+    """Add the counting stages to pipeline `p`; results go to files under `out_prefix`. With
+    `doc_ids`, only those documents of `dataset` are counted (a training split)."""
     total = int(dataset.offsets[-1])
     out = out_prefix.rstrip("/")  # "/" joins paths on every Beam filesystem, and needs no extra
     run = run or uuid.uuid4().hex
@@ -219,7 +221,8 @@ def build_pipeline(
     ref = WorkerRef(dataset)
     shards = (
         p
-        | "Shards" >> beam.Create(dataset.shards(shard_tokens or default_shard_tokens(total)))
+        | "Shards"
+        >> beam.Create(dataset.shards(shard_tokens or default_shard_tokens(total), doc_ids))
         | "Reshuffle" >> beam.Reshuffle()
     )
     levels, stats = [], []
@@ -319,6 +322,7 @@ def count_with_beam(
     radix = corpus.key_vocab()
     local_tmp = tempfile.TemporaryDirectory(prefix="scone-beam-", dir=tmp_dir)
     run = uuid.uuid4().hex
+    dataset_url_given = dataset_url is not None
     try:
         if dataset_url is None:
             from scone_jax.data.dataset import TokenizedDataset
@@ -329,13 +333,24 @@ def count_with_beam(
             else:
                 dataset_url = write_temp_dataset(corpus, local_tmp.name)
         dataset = DatasetRef(dataset_url)
-        theirs = (dataset.meta.get("tokens_sha256"), int(dataset.offsets[-1]))
-        if (
-            theirs[0]
-            and corpus.tokens_sha256
-            and theirs != (corpus.tokens_sha256, corpus.num_tokens)
-        ):
-            raise UserError(f"{dataset_url} is not a copy of {corpus.source} (different tokens)")
+        expected_sha, expected_offsets, doc_ids = (
+            corpus.tokens_sha256,
+            np.asarray(corpus.doc_offsets),
+            None,
+        )
+        if corpus.split_doc_ids is not None and dataset_url_given:
+            # a training split: the workers count its documents of the whole dataset's copy
+            expected_sha = corpus.split["dataset_tokens_sha256"]
+            expected_offsets, doc_ids = corpus.split_parent_offsets, corpus.split_doc_ids
+        of = f"the dataset of {corpus.source}" if doc_ids is not None else corpus.source
+        copy_sha = dataset.meta.get("tokens_sha256")
+        if copy_sha and expected_sha and copy_sha != expected_sha:
+            raise UserError(f"{dataset_url} is not a copy of {of} (different tokens)")
+        if not np.array_equal(dataset.offsets, expected_offsets):
+            raise UserError(
+                f"{dataset_url} is not a copy of {of} (different documents: its doc_offsets.npy "
+                "differs)"
+            )
         out_prefix = (
             work_dir.rstrip("/") + f"/scone-fgrams-{run[:12]}"
             if work_dir
@@ -352,6 +367,7 @@ def count_with_beam(
                 radix,
                 shard_tokens=shard_tokens,
                 run=run,
+                doc_ids=doc_ids,
             )
         return read_results(out_prefix, max_n)
     finally:

@@ -52,14 +52,27 @@ class DatasetRef:
     def offsets_url(self) -> str:
         return self._join("doc_offsets.npy")
 
-    def shards(self, shard_tokens: int) -> list[tuple[int, int]]:
-        """(first document, end document) per shard of about `shard_tokens` tokens."""
+    def shards(
+        self, shard_tokens: int, doc_ids: np.ndarray | None = None
+    ) -> list[tuple[int, int, tuple[int, ...]]]:
+        """(first document, end document, documents left out) per shard of about
+        `shard_tokens` tokens; with `doc_ids` (sorted), only those documents are counted."""
         total = int(self.offsets[-1])
         cuts = np.searchsorted(
             self.offsets, np.arange(shard_tokens, total, shard_tokens), side="left"
         )
         bounds = np.unique(np.concatenate([[0], cuts, [len(self.offsets) - 1]]))
-        return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+        left_out = (
+            np.zeros(0, np.int64)
+            if doc_ids is None
+            else np.setdiff1d(np.arange(len(self.offsets) - 1), doc_ids)
+        )
+        shards = []
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            skip = left_out[np.searchsorted(left_out, a) : np.searchsorted(left_out, b)]
+            if len(skip) < b - a:  # a shard of held-out documents only is not sent
+                shards.append((a, b, tuple(skip.tolist())))
+        return shards
 
 
 def _npy_header_length(f) -> int:
@@ -89,9 +102,10 @@ class WorkerRef:
         self.offsets_header, self.meta = ref.offsets_header, {"dtype": ref.meta["dtype"]}
 
 
-def read_shard(shard: tuple[int, int], ref: WorkerRef) -> tuple[np.ndarray, np.ndarray]:
-    """The tokens of documents [first, end) and where each document starts in them."""
-    lo, hi = shard
+def read_shard(shard: tuple, ref: WorkerRef) -> tuple[np.ndarray, np.ndarray]:
+    """The tokens of documents [first, end), less those the shard leaves out, and where each
+    document starts in them."""
+    lo, hi = shard[:2]
     offs = np.frombuffer(
         _read_range(ref.offsets_url, ref.offsets_header + 8 * lo, 8 * (hi - lo + 1)), "<i8"
     )
@@ -102,7 +116,14 @@ def read_shard(shard: tuple[int, int], ref: WorkerRef) -> tuple[np.ndarray, np.n
         ),
         dtype,
     )
-    first = offs[:-1] - offs[0]
+    lengths = np.diff(offs)
+    left_out = np.asarray(shard[2] if len(shard) > 2 else (), np.int64) - lo
+    if len(left_out):
+        keep_doc = np.ones(hi - lo, bool)
+        keep_doc[left_out] = False
+        tokens = tokens[np.repeat(keep_doc, lengths)]
+        lengths = lengths[keep_doc]
+    first = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     starts = np.zeros(len(tokens), bool)
     starts[first[first < len(tokens)]] = True
     return tokens, starts

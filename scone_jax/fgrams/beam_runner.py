@@ -11,6 +11,8 @@ state over gRPC, side inputs included), as Flink's, Spark's and Dataflow's worke
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 
 from apache_beam.options.pipeline_options import (
@@ -21,6 +23,7 @@ from apache_beam.options.pipeline_options import (
     SparkRunnerOptions,
     StandardOptions,
 )
+from apache_beam.runners.runner import create_runner
 
 from scone_jax.errors import UserError
 
@@ -45,7 +48,27 @@ def pipeline_options(args: list[str] | None, workers: int | None = None) -> Pipe
     with one line when the runner would download something first."""
     args = list(args) if args else local_args(workers or os.cpu_count() or 1)
     options = PipelineOptions(args)
+    usage = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(usage):  # Beam's argparse prints its whole usage
+            options.get_all_options()
+    except SystemExit:
+        errors = [line for line in usage.getvalue().splitlines() if "error:" in line]
+        why = errors[-1].split("error:", 1)[1].strip() if errors else "could not be parsed"
+        raise UserError(f"--beam-options {' '.join(args)!r}: {why}") from None
     check_offline(options)
+    given = options.view_as(StandardOptions).runner
+    if given:
+        try:
+            create_runner(given)
+        except ValueError:
+            raise UserError(
+                f"--runner={given} is not a Beam runner (expected e.g. FnApiRunner, "
+                "DataflowRunner, FlinkRunner, SparkRunner, PortableRunner, or a PipelineRunner "
+                "subclass's qualified name)"
+            ) from None
+        except ImportError as e:  # a runner whose extra is not installed
+            raise UserError(f"--runner={given}: {e}") from None
     return options
 
 

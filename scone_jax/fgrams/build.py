@@ -136,6 +136,7 @@ def select_fgrams(
         "corpus_sha256": corpus.corpus_sha256,
         "tokens_sha256": corpus.tokens_sha256,
         "corpus_fingerprint": corpus.fingerprint,
+        **({"training_split": corpus.split} if corpus.split else {}),
         "corpus_source": corpus.source,
         "num_tokens": corpus.num_tokens,
         "num_docs": corpus.num_docs,

@@ -30,6 +30,13 @@ class Corpus:
     corpus_sha256: str | None = None  # of the raw text, when the dataset records it
     tokens_sha256: str | None = None
     source: str = "arrays"
+    # which documents of which dataset, for a training split (`train_split_corpus`): recorded in
+    # the set's meta so that training can tell whether its held-out documents chose f-grams
+    split: dict | None = None
+    # and for Beam workers that read the whole dataset's copy: its document offsets, and which
+    # of its documents this split holds
+    split_parent_offsets: np.ndarray | None = field(default=None, repr=False)
+    split_doc_ids: np.ndarray | None = field(default=None, repr=False)
     _key_vocab: int | None = field(default=None, repr=False)
     _fd: int | None = field(default=None, repr=False)
     _file_offset: int = field(default=0, repr=False)

@@ -468,7 +468,7 @@ class StreamingTagger:
         for n in range(2, m + 1):
             if n > 2:
                 nxt = np.full((b, m - n + 1), -1, np.int64)
-                sel = np.nonzero(cur[:, :-1] >= 0)
+                sel = np.nonzero((cur[:, :-1] >= 0) & ok[:, n - 1 :])  # an unknown id ends it
                 nxt[sel] = self.t.tables[n].slots(
                     cur[:, :-1][sel].astype(np.uint64) * v + w[:, n - 1 :][sel].astype(np.uint64)
                 )

@@ -3,6 +3,7 @@ tags, and the batcher that turns them into each batch's prefix forest (scone_jax
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -11,6 +12,7 @@ import numpy as np
 
 from scone_jax.config.schema import FgramConfig
 from scone_jax.data.dataset import TokenizedDataset
+from scone_jax.data.pipeline import split_documents
 from scone_jax.errors import UserError
 from scone_jax.fgrams.build import build_fgram_set
 from scone_jax.fgrams.corpus import Corpus
@@ -49,15 +51,22 @@ class FgramInputs:
         return replace(self.batcher, tag_ids=ids, tag_lengths=lengths)
 
 
-def train_split_corpus(dataset: TokenizedDataset, train_ids: np.ndarray) -> Corpus:
-    """The training documents only: held-out text must not choose the f-grams."""
+def train_split_corpus(
+    dataset: TokenizedDataset,
+    train_ids: np.ndarray,
+    heldout_fraction: float | None = None,
+    split_seed: int | None = None,
+) -> Corpus:
+    """The training documents only: held-out text must not choose the f-grams. The split is
+    recorded in the set's meta (`training_split`), with the fraction and seed that drew it when
+    given, so that a run on another split of the dataset can tell that its held-out text did."""
     lengths = dataset.doc_lengths[train_ids]
     tokens = (
         np.concatenate([dataset.doc(i) for i in train_ids])
         if len(train_ids)
         else np.zeros(0, np.int64)
     )
-    return Corpus.from_arrays(
+    corpus = Corpus.from_arrays(
         tokens,
         lengths,
         vocab_size=dataset.vocab_size,
@@ -65,6 +74,65 @@ def train_split_corpus(dataset: TokenizedDataset, train_ids: np.ndarray) -> Corp
         tokenizer_sha256=dataset.tokenizer_sha256,
         # the set's meta records it, as for a whole dataset: `fgrams dump --text` decodes with it
         tokenizer_path=dataset.meta.get("tokenizer_path"),
+    )
+    corpus.split = {
+        "dataset_tokens_sha256": dataset.meta.get("tokens_sha256"),
+        "num_docs": dataset.num_docs,
+        "train_docs_sha256": _docs_sha256(train_ids),
+        "heldout_fraction": heldout_fraction,
+        "split_seed": split_seed,
+    }
+    corpus.split_parent_offsets = np.asarray(dataset.doc_offsets, np.int64)
+    corpus.split_doc_ids = np.sort(np.asarray(train_ids, np.int64))
+    return corpus
+
+
+def _docs_sha256(doc_ids: np.ndarray) -> str:
+    return hashlib.sha256(np.sort(np.asarray(doc_ids, "<i8")).tobytes()).hexdigest()
+
+
+def check_counted_on_training_split(
+    fgram_set: FgramSet, dataset: TokenizedDataset, train_ids: np.ndarray
+) -> None:
+    """Warn when a given set was counted on text that includes this run's held-out documents:
+    all of the dataset, or another split of it. Either makes held-out perplexity optimistic."""
+    held_out = dataset.num_docs - len(train_ids)
+    ours = dataset.meta.get("tokens_sha256")
+    if not held_out or ours is None:
+        return
+    fix = (
+        "count the training split (`scone-jax fgrams build DATASET --heldout-fraction F "
+        "--split-seed S` with the run's data.eval_fraction and data.seed) or leave "
+        "fgrams.fgram_set empty"
+    )
+    split = fgram_set.meta.get("training_split") or {}
+    if fgram_set.meta.get("tokens_sha256") == ours:
+        print(
+            f"warning: f-gram set {fgram_set.path} was counted on all of {dataset.path}, its "
+            f"{held_out} held-out document(s) included, so held-out perplexity is optimistic; "
+            + fix,
+            file=sys.stderr,
+        )
+        return
+    if split.get("dataset_tokens_sha256") != ours or split.get("train_docs_sha256") == _docs_sha256(
+        train_ids
+    ):
+        return  # another corpus, or this very split
+    fraction, seed = split.get("heldout_fraction"), split.get("split_seed")
+    if fraction is None or seed is None:
+        what = f"some of this run's {held_out} held-out document(s) may have chosen its f-grams"
+    else:
+        set_train_ids, _ = split_documents(dataset.num_docs, fraction, seed)
+        eval_ids = np.setdiff1d(np.arange(dataset.num_docs), train_ids)
+        leaked = len(np.intersect1d(eval_ids, set_train_ids))
+        if not leaked:
+            return  # the set held out every document this run holds out
+        what = f"{leaked} of this run's {held_out} held-out document(s) chose its f-grams"
+        what = f"(--heldout-fraction {fraction} --split-seed {seed}): " + what
+    print(
+        f"warning: f-gram set {fgram_set.path} was counted on another split of {dataset.path} "
+        f"{what}, so held-out perplexity is optimistic; " + fix,
+        file=sys.stderr,
     )
 
 
@@ -74,22 +142,15 @@ def load_or_build_fgram_set(
     train_ids: np.ndarray,
     run_dir: str | Path,
     progress: bool = True,
+    check_split: bool = True,
 ) -> FgramSet:
-    """`fgrams.fgram_set` if given (checked against the tokenizer and K), else RUN_DIR/fgrams,
-    counted on the training split on first use."""
+    """`fgrams.fgram_set` if given (checked against the tokenizer and K, and with
+    `check_split`, against the run's held-out documents), else RUN_DIR/fgrams, counted on the
+    training split on first use."""
     if cfg.fgram_set:
         fgram_set = FgramSet.load(cfg.fgram_set)
-        held_out = dataset.num_docs - len(train_ids)
-        counted_on = fgram_set.meta.get("tokens_sha256")
-        if held_out and counted_on is not None and counted_on == dataset.meta.get("tokens_sha256"):
-            print(
-                f"warning: f-gram set {cfg.fgram_set} was counted on all of {dataset.path}, its "
-                f"{held_out} held-out document(s) included, so held-out perplexity is optimistic; "
-                "count the training split (`scone-jax fgrams build DATASET --heldout-fraction F "
-                "--split-seed S` with the run's data.eval_fraction and data.seed) or leave "
-                "fgrams.fgram_set empty",
-                file=sys.stderr,
-            )
+        if check_split:
+            check_counted_on_training_split(fgram_set, dataset, train_ids)
     else:
         out = Path(run_dir) / "fgrams"
         if not (out / "meta.json").is_file():
@@ -135,7 +196,9 @@ def prepare_fgram_inputs(
     """The run's f-gram set, the dataset's tags (each of `process_count` processes tagging its
     share, see `tags_for_dataset`), and a batcher with `groups` node buffers (the host's data
     shards) that grow in steps of about 1/32 of a group's positions."""
-    fgram_set = load_or_build_fgram_set(cfg, dataset, train_ids, run_dir, progress)
+    fgram_set = load_or_build_fgram_set(  # the session has checked its split on process 0
+        cfg, dataset, train_ids, run_dir, progress, check_split=False
+    )
     ids, lengths = tags_for_dataset(
         dataset,
         fgram_set,

@@ -47,6 +47,10 @@ def test_ids_eos_and_fingerprint_are_the_files(hf_path, texts):
         ids = tok.encode(text)
         assert ids == library.encode(text, add_special_tokens=False).ids
         assert tok.decode(ids) == text
+    written_out = f"a document quoting {EOS} mid-text"  # text, not a document end
+    ids = tok.encode(written_out)
+    assert tok.eos_id not in ids and tok.decode(ids) == written_out
+    assert int(tok.token_byte_lengths()[ids].sum()) == len(written_out.encode("utf-8"))
     assert tok.encode_batch(unseen) == [tok.encode(t) for t in unseen]
 
 

@@ -4,6 +4,7 @@ These run the FnApi runner in this process (one worker); tests/fgrams/test_beam_
 runs it on several worker processes.
 """
 
+import numpy as np
 import pytest
 
 pytest.importorskip("apache_beam")
@@ -11,6 +12,7 @@ pytest.importorskip("apache_beam")
 from scone_jax.fgrams.beam import worker_name  # noqa: E402
 from scone_jax.fgrams.build import select_fgrams  # noqa: E402
 from scone_jax.fgrams.corpus import Corpus  # noqa: E402
+from scone_jax.fgrams.store import FgramSet  # noqa: E402
 
 from ..conftest import make_dataset  # noqa: E402
 from .helpers import as_list, corpus_of, random_docs  # noqa: E402
@@ -139,3 +141,61 @@ def test_runners_that_would_download_are_refused_in_one_line(args, refused):
     with pytest.raises(UserError) as e:
         check_offline(PipelineOptions(args))
     assert refused in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--beam-options=--runner=NoSuchRunner"], "--runner=NoSuchRunner is not a Beam runner"),
+        (["--beam-options=--runner='FnApiRunner"], "No closing quotation"),
+        (
+            ["--beam-options=--runner=FnApiRunner --direct_num_workers=abc"],
+            "argument --direct_num_workers: invalid int value: 'abc'",
+        ),
+        (["--beam-work-dir", "{tmp}/a_file"], "a_file is a file (expected an existing directory)"),
+        (["--beam-work-dir", "{tmp}/nope/work"], "work does not exist (expected an existing"),
+    ],
+)
+def test_bad_beam_settings_are_refused_in_one_line_before_anything_runs(
+    tmp_path, rng, capsys, extra, needle
+):
+    from scone_jax.cli.main import main
+
+    ds = make_dataset(tmp_path / "ds", [rng.integers(0, 6, 200) for _ in range(4)], 6)
+    (tmp_path / "a_file").write_text("not a directory\n")
+    extra = [e.replace("{tmp}", str(tmp_path)) for e in extra]
+    argv = ["fgrams", "build", str(ds.path), "--backend", "beam", "--out", str(tmp_path / "set")]
+    code = main([*argv, "--min-count", "2", "--no-progress", *extra])
+    err = capsys.readouterr().err
+    print(err)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "set").exists()
+
+
+def test_workers_count_a_training_split_from_the_whole_datasets_copy(tmp_path, rng, capsys):
+    """`--heldout-fraction` with `--beam-dataset`: the workers read the shared copy of the whole
+    dataset and skip the held-out documents, giving the local count of the training split; a
+    copy whose documents differ is refused."""
+    from scone_jax.cli.main import main
+
+    docs = [rng.integers(0, 6, int(rng.integers(0, 300))) for _ in range(40)]
+    ds = make_dataset(tmp_path / "ds", docs, 6)
+    regrouped = make_dataset(tmp_path / "regrouped", [np.concatenate(docs)], 6)
+    seed = int(rng.integers(0, 1000))
+    common = ["--max-n", "4", "--num-fgrams", "80", "--min-count", "2", "--no-progress"]
+    common += ["--no-stats", "--heldout-fraction", "0.3", "--split-seed", str(seed)]
+    print("split seed", seed)
+    build = ["fgrams", "build", str(ds.path)]
+    assert main([*build, "--out", str(tmp_path / "local"), *common]) == 0
+    beam = [*build, "--backend", "beam", "--workers", "1", "--beam-dataset", str(ds.path)]
+    assert main([*beam, "--out", str(tmp_path / "beam"), *common]) == 0
+    local, counted = (FgramSet.load(tmp_path / name) for name in ("local", "beam"))
+    assert_same(counted, local)
+    assert counted.meta["num_tokens"] == local.meta["num_tokens"] < sum(map(len, docs))
+    capsys.readouterr()
+    code = main(
+        [*build, "--backend", "beam", "--workers", "1", "--beam-dataset", str(regrouped.path)]
+        + ["--out", str(tmp_path / "bad"), *common]
+    )
+    assert code == 2 and "different documents" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

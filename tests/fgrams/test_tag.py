@@ -115,6 +115,23 @@ def test_unknown_tokens_never_match(rng):
     ]
 
 
+def test_the_batched_match_ends_at_an_id_the_set_does_not_know(rng):
+    """Ids at or above the set's key vocabulary never match in `match_batch` either: without the
+    check, slot * V + t aliases another n-gram's key once t >= V."""
+    docs = [np.array([0, 0, 0, 0, 1, 1, 0, 0] * 3)]
+    fs = select_fgrams(corpus_of(docs), 5, 100, 2, progress=False)  # ids {0, 1}: radix 2
+    st = StreamingTagger(fs)
+    ids, lens = st.match_batch(np.array([[0, 0, 0, 0]]), np.array([2]))
+    assert (ids.tolist(), lens.tolist()) == ([-1], [0])
+    for _ in range(20):  # against the whole-sequence tagger, which skips unknown ids
+        tokens = rng.integers(0, 2, 60)
+        unknown = rng.random(60) < 0.2
+        tokens[unknown] = rng.integers(2, 9, int(unknown.sum()))
+        want = tag_tokens(fs, tokens)
+        ids, lens = st.match_batch(contexts([tokens], 5), tokens)
+        assert ids.tolist() == want[0].tolist() and lens.tolist() == want[1].tolist()
+
+
 def test_declared_vocab_is_enforced(rng):
     docs = [np.array([1, 2, 1, 2, 1, 2, 1, 2])]
     fs = select_fgrams(corpus_of(docs, vocab_size=4), 3, 10, 2, progress=False)

@@ -20,6 +20,8 @@ import stat
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -154,6 +156,29 @@ CASES = [
         "tokenize-malformed-jsonl",
         ["tokenize", "--corpus", "{w}/bad.jsonl", "--out", "{tmp}/ds"],
         "bad.jsonl:2: not valid JSON",
+    ),
+    (
+        "tokenize-jsonl-lone-surrogate",
+        ["tokenize", "--corpus", "{w}/surrogate.jsonl", "--out", "{tmp}/ds"],
+        "surrogate.jsonl:2: field 'text' holds a lone surrogate",
+    ),
+    (
+        "tokenize-jsonl-lone-surrogate-given-tokenizer",
+        [
+            "tokenize",
+            "--corpus",
+            "{w}/surrogate.jsonl",
+            "--tokenizer",
+            "{w}/tokenizer.model",
+            "--out",
+            "{tmp}/ds",
+        ],
+        "surrogate.jsonl:2: field 'text' holds a lone surrogate",
+    ),
+    (
+        "tokenize-parquet-invalid-utf8",
+        ["tokenize", "--corpus", "{w}/bad_utf8.parquet", "--out", "{tmp}/ds"],
+        "bad_utf8.parquet: row 2 of column 'text' is not valid UTF-8",
     ),
     (
         "tokenize-jsonl-without-field",
@@ -939,6 +964,9 @@ def world(tmp_path_factory) -> Path:
     (w / "blank.txt").write_text("  \n\n\t\n")
     (w / "bad.jsonl").write_text('{"text": "one"}\n{oops\n')
     (w / "nofield.jsonl").write_text('{"body": "one"}\n')
+    (w / "surrogate.jsonl").write_text('{"text": "one"}\n{"text": "lone \\ud800 here"}\n')
+    strings = pa.array([b"one", b"two", b"caf\xe9"], pa.binary()).view(pa.string())
+    pq.write_table(pa.table({"text": strings}), w / "bad_utf8.parquet")
     (w / "garbage.model").write_bytes(b"not a sentencepiece model")
     (w / "plain_file").write_text("a file where a directory is expected\n")
     os.mkfifo(w / "fifo")

@@ -61,6 +61,11 @@ def test_a_given_set_counted_on_the_held_out_documents_too_is_warned_of(
         load_or_build_fgram_set(cfg, markov_dataset, train_ids, tmp_path / "run", progress=False)
         err = capsys.readouterr().err
         assert ("held-out document(s) included" in err) == warned, (name, err)
+    whole = FgramConfig(enabled=True, max_n=4, fgram_set=str(tmp_path / "whole"))
+    prepare_fgram_inputs(  # the session warned once already (on process 0): not again here
+        whole, markov_dataset, train_ids, tmp_path / "run", 64, groups=1, progress=False
+    )
+    assert not capsys.readouterr().err
     load_or_build_fgram_set(  # nothing held out: nothing to warn of
         FgramConfig(enabled=True, max_n=4, fgram_set=str(tmp_path / "whole")),
         markov_dataset,
@@ -69,6 +74,53 @@ def test_a_given_set_counted_on_the_held_out_documents_too_is_warned_of(
         progress=False,
     )
     assert not capsys.readouterr().err
+
+
+def test_a_set_counted_on_another_split_of_the_dataset_is_warned_of_with_its_leaks(
+    markov_dataset, tmp_path, capsys, rng
+):
+    """A set counted with another --heldout-fraction/--split-seed let some of this run's held-out
+    documents choose f-grams: training counts them (against a brute-force count); a set whose
+    held-out documents cover the run's, or an unrecorded split of it, is handled too."""
+    n = markov_dataset.num_docs
+    run_seed, set_seed = (int(x) for x in rng.choice(1000, 2, replace=False))
+    print("run split seed", run_seed, "set split seed", set_seed)
+    train_ids, eval_ids = split_documents(n, 0.2, run_seed)
+    sets = {
+        "other_seed": (0.2, set_seed),
+        "same": (0.2, run_seed),
+        "wider_same_seed": (0.4, run_seed),  # holds out a superset of the run's documents
+        "unrecorded": (0.2, None),
+    }
+    for name, (fraction, seed) in sets.items():
+        ids = split_documents(n, fraction, set_seed if seed is None else seed)[0]
+        build_fgram_set(
+            train_split_corpus(markov_dataset, ids, fraction if seed is not None else None, seed),
+            tmp_path / name,
+            max_n=4,
+            num_fgrams=50,
+            min_count=2,
+            progress=False,
+        )
+    set_train = set(split_documents(n, 0.2, set_seed)[0].tolist())
+    leaked = sum(int(i) in set_train for i in eval_ids)
+    assert leaked, "the two splits should differ"
+    expected = {
+        "other_seed": f"{leaked} of this run's {len(eval_ids)} held-out document(s) chose",
+        "same": None,
+        "wider_same_seed": None,
+        "unrecorded": f"some of this run's {len(eval_ids)} held-out document(s) may have chosen",
+    }
+    for name, needle in expected.items():
+        cfg = FgramConfig(enabled=True, max_n=4, fgram_set=str(tmp_path / name))
+        load_or_build_fgram_set(cfg, markov_dataset, train_ids, tmp_path / "run", progress=False)
+        err = capsys.readouterr().err
+        print(name, err)
+        if needle is None:
+            assert not err, name
+        else:
+            assert "counted on another split" in err and needle in err, name
+            assert len(err.strip().splitlines()) == 1
 
 
 def dropping_stream(dataset, tmp_path, rng, **dropout):
