@@ -86,9 +86,48 @@ def hf_config(cfg: ModelConfig, vocab_size: int, eos_id: int | None, bos_id: int
     }
 
 
+# config.json settings that change the function but have no ModelConfig field: only the value
+# our blocks implement is accepted (field, the default transformers assumes, accepted values)
+_FIXED = {
+    "gpt2": (
+        ("activation_function", "gelu_new", ("gelu_new", "gelu_pytorch_tanh")),
+        ("scale_attn_weights", True, (True,)),
+        ("scale_attn_by_inverse_layer_idx", False, (False,)),
+    ),
+    "llama": (
+        ("hidden_act", "silu", ("silu",)),
+        ("attention_bias", False, (False,)),
+        ("mlp_bias", False, (False,)),
+    ),
+}
+
+
+def _check_implemented(config: dict, kind: str, where: str) -> None:
+    """One line for a setting our model would silently compute differently."""
+    for field, default, accepted in _FIXED[kind]:
+        value = config.get(field, default)
+        if value not in accepted:
+            raise UserError(
+                f"{where}: {field}={value!r} in its config.json, which scone_jax's {kind} "
+                f"does not implement (expected {' or '.join(map(repr, accepted))})"
+            )
+    if kind == "llama":
+        for field in ("rope_parameters", "rope_scaling"):
+            rope = config.get(field) or {}
+            rope_type = rope.get("rope_type", rope.get("type", "default"))
+            if rope_type != "default":
+                raise UserError(
+                    f"{where}: {field} has rope_type={rope_type!r} in its config.json, which "
+                    "scone_jax's llama does not implement (expected 'default': plain RoPE)"
+                )
+
+
 def model_fields(config: dict, where: str) -> dict[str, Any]:
-    """The ModelConfig fields a config.json fixes (the inverse of `hf_config`)."""
+    """The ModelConfig fields a config.json fixes (the inverse of `hf_config`); settings with no
+    field must be the ones our model computes."""
     kind = config.get("model_type")
+    if kind in _FIXED:
+        _check_implemented(config, kind, where)
     try:
         if kind == "gpt2":
             d = config["n_embd"]

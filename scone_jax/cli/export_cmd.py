@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from scone_jax.cli import distributed_args
@@ -77,6 +78,7 @@ def run(args) -> int:
         )
     table = parse_location(args.out) if args.out else None  # on an object store: a lease
     outputs = [("--out", table), ("--backbone-out", args.backbone_out), ("--hf-out", args.hf_out)]
+    check_apart(outputs)  # before the locks, which create their parent directories
     topology = distributed_args.initialize_from_args(args)
     with distributed.failures_reported(args.run_dir), writing(outputs, args.command_line):
         check_outputs(args)
@@ -126,6 +128,34 @@ def run(args) -> int:
             + (", fgram_table.safetensors, scone.json" if scone else "")
         )
     return 0
+
+
+def check_apart(outputs) -> None:
+    """Each output is its own directory: none may be another, or lie inside another (each is
+    written whole and renamed into place)."""
+    from scone_jax.errors import UserError
+
+    named = []
+    for flag, where in outputs:
+        if where is None:
+            continue
+        if not isinstance(where, str):  # a table Location
+            where = str(where.local_path) if where.local_path is not None else where.url
+        where = where.rstrip("/")
+        named.append((flag, where if "://" in where else os.path.abspath(where)))
+    for i, (flag, path) in enumerate(named):
+        for other, other_path in named[i + 1 :]:
+            if path == other_path:
+                raise UserError(f"{flag} and {other} are both {path} (expected separate outputs)")
+            for inner, inner_path, outer, outer_path in (
+                (flag, path, other, other_path),
+                (other, other_path, flag, path),
+            ):
+                if inner_path.startswith(outer_path + "/"):
+                    raise UserError(
+                        f"{inner} {inner_path} lies inside {outer} {outer_path} (expected "
+                        "separate outputs: each is written whole and moved into place)"
+                    )
 
 
 def check_outputs(args) -> None:

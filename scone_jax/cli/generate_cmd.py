@@ -27,7 +27,7 @@ def register(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="0 <= seed < 2**32")
     p.add_argument(
         "--tokenizer",
         default=None,
@@ -52,6 +52,8 @@ def run(args) -> int:
         raise UserError(f"--max-new-tokens={args.max_new_tokens} (expected > 0)")
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     sampling.validate()  # before the model is loaded
+    if not 0 <= args.seed < 2**32:  # a sampling key takes 32 bits: larger seeds would alias
+        raise UserError(f"--seed={args.seed} (expected 0 <= seed < 2**32)")
     if args.run_dir:
         import json
 

@@ -35,7 +35,9 @@ def sample(logits: jax.Array, key: jax.Array, sampling: Sampling) -> jax.Array:
     logits = logits.astype(jnp.float32)
     if sampling.temperature == 0:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    logits = logits / sampling.temperature
+    # from the largest logit down: a tiny temperature then tends to greedy instead of
+    # overflowing every positive logit to +inf (where the first of them would win)
+    logits = (logits - logits.max(axis=-1, keepdims=True)) / sampling.temperature
     if sampling.top_k:
         kth = jax.lax.top_k(logits, min(sampling.top_k, logits.shape[-1]))[0][:, -1:]
         logits = jnp.where(logits < kth, -jnp.inf, logits)

@@ -12,7 +12,7 @@ import math
 import shutil
 import signal
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import jax
@@ -22,6 +22,7 @@ from tqdm import tqdm
 from scone_jax.artifacts.best import BestCheckpoint
 from scone_jax.artifacts.checkpoint import Checkpointer
 from scone_jax.artifacts.run_dir import (
+    CONFIG_FILE,
     FINAL_EVAL_FILE,
     RUN_INFO_FILE,
     best_checkpoint_dir,
@@ -73,11 +74,28 @@ def stop_agreed(received: list[int]) -> int:
     return int(next((s for s in everyone if s), 0))
 
 
+def _undo_setup(run_dir: Path, fresh: bool, never_started: bool) -> None:
+    """Remove what a failed set-up wrote: all of a new run dir; all but the saved config of one
+    that never started (as a sweep plans its points), so a corrected config may still use it."""
+    if fresh:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    elif never_started:
+        for path in run_dir.iterdir():
+            if path.name == CONFIG_FILE:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+
 def train(cfg: Config) -> dict:
     """Train (or resume) the run described by `cfg`; returns a summary dict."""
     is_main = jax.process_index() == 0
     fresh = not Path(cfg.run_dir).exists()
     run_dir = check_run_dir(cfg)
+    never_started = not fresh and {p.name for p in run_dir.iterdir()} <= {CONFIG_FILE}
+    parts = []  # what set-up opened, closed again if it fails
     try:
         session = open_session(cfg, run_dir)
         best = (
@@ -91,30 +109,37 @@ def train(cfg: Config) -> dict:
             if cfg.checkpoint.keep_best
             else None
         )
-    except BaseException:
-        if fresh and is_main:  # bad input found during set-up: leave nothing behind
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-    if is_main:
-        save_run_config(cfg)
-        atomic_write_json(
-            run_dir / RUN_INFO_FILE, {**session.run_info(), "run_id": run_id(run_dir)}
+        parts.append(best)
+        if is_main:
+            save_run_config(cfg)
+            atomic_write_json(
+                run_dir / RUN_INFO_FILE, {**session.run_info(), "run_id": run_id(run_dir)}
+            )
+        total = cfg.train.steps
+        ckpt = Checkpointer(
+            checkpoints_dir(run_dir),
+            cfg.checkpoint.every,
+            cfg.checkpoint.keep,
+            cfg.checkpoint.async_save,
         )
-    total = cfg.train.steps
-    ckpt = Checkpointer(
-        checkpoints_dir(run_dir),
-        cfg.checkpoint.every,
-        cfg.checkpoint.keep,
-        cfg.checkpoint.async_save,
-    )
-    writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard, print_fn=tqdm.write)
-    setup = session.setup
-    state = ckpt.restore_newest_intact(setup.abstract_state, setup.shardings)
-    if state is None:
-        state = initial_state(setup, cfg, session.vocab_size, session.dataset.tokenizer_sha256)
-        start = 0
-    else:
-        start = int(jax.device_get(state["step"]))
+        parts.append(ckpt)
+        writer = MetricsWriter(run_dir, tensorboard=cfg.logging.tensorboard, print_fn=tqdm.write)
+        parts.append(writer)
+        setup = session.setup
+        state = ckpt.restore_newest_intact(setup.abstract_state, setup.shardings)
+        if state is None:  # model.init_from is read and checked here: still set-up
+            state = initial_state(setup, cfg, session.vocab_size, session.dataset.tokenizer_sha256)
+            start = 0
+        else:
+            start = int(jax.device_get(state["step"]))
+    except BaseException:
+        for part in parts:
+            if part is not None:
+                with suppress(Exception):
+                    part.close()
+        if is_main:  # bad input found during set-up: leave the run dir as it was
+            _undo_setup(run_dir, fresh, never_started)
+        raise
     writer.truncate_after(start)
     summary = {
         "run_dir": str(run_dir),

@@ -5,6 +5,7 @@ exactly the parameters written."""
 from __future__ import annotations
 
 import json
+import re
 
 import jax
 import numpy as np
@@ -97,3 +98,48 @@ def test_mismatches_and_missing_tensors_are_one_line(tmp_path, rng):
         read_checkpoint(tmp_path / "hf")
     with pytest.raises(UserError, match=r"ckpt: config.json has model_type='bert'"):
         model_fields({"model_type": "bert"}, "ckpt")
+
+
+CHANGED_FUNCTION = [  # config.json settings our blocks do not compute: each refused by name
+    ("gpt2", {"activation_function": "relu"}, "activation_function='relu'"),
+    ("gpt2", {"scale_attn_weights": False}, "scale_attn_weights=False"),
+    ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx=True"),
+    ("llama", {"hidden_act": "relu"}, "hidden_act='relu'"),
+    ("llama", {"attention_bias": True}, "attention_bias=True"),
+    ("llama", {"mlp_bias": True}, "mlp_bias=True"),
+    (
+        "llama",
+        {"rope_scaling": {"rope_type": "llama3", "factor": 32.0}},
+        "rope_scaling has rope_type='llama3'",
+    ),
+    (
+        "llama",
+        {"rope_scaling": {"type": "linear", "factor": 2.0}},
+        "rope_scaling has rope_type='linear'",
+    ),
+    (
+        "llama",
+        {"rope_parameters": {"rope_type": "yarn", "rope_theta": 500.0}},
+        "rope_parameters has rope_type='yarn'",
+    ),
+]
+
+
+@pytest.mark.parametrize("family, change, named", CHANGED_FUNCTION)
+def test_settings_our_model_would_compute_differently_are_refused(family, change, named):
+    config = {**hf_config(SHAPES[family], VOCAB, 3, 1), **change}
+    with pytest.raises(UserError, match="ckpt: " + re.escape(named)) as e:
+        model_fields(config, "ckpt")
+    assert "does not implement" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_settings_our_model_computes_are_accepted_as_written_or_left_out():
+    for family, accepted in (
+        ("gpt2", {"activation_function": "gelu_pytorch_tanh"}),
+        ("llama", {"rope_scaling": None, "rope_parameters": {"rope_type": "default"}}),
+    ):
+        config = hf_config(SHAPES[family], VOCAB, 3, 1)
+        model_fields({**config, **accepted}, "ckpt")
+        fixed = {field for _, change, _ in CHANGED_FUNCTION for field in change}
+        bare = {k: v for k, v in config.items() if k not in fixed}  # transformers' defaults
+        assert model_fields(bare, "ckpt") == model_fields(config, "ckpt")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -27,11 +28,15 @@ import yaml
 
 import scone_jax
 import scone_jax.export.table as export_module
+from scone_jax.artifacts.hf_checkpoint import hf_config
+from scone_jax.artifacts.run_dir import check_run_dir
 from scone_jax.cli.main import COMMANDS, main
-from scone_jax.config import load_config
+from scone_jax.config import load_config, save_config
+from scone_jax.config.schema import ModelConfig
 from scone_jax.data.pipeline import split_documents
 from scone_jax.data.tokenize import tokenize_corpus
 from scone_jax.data.tokenizer import Tokenizer
+from scone_jax.export.hf import export_hf
 from scone_jax.export.table import export_table
 from scone_jax.fgrams.build import build_fgram_set
 from scone_jax.fgrams.corpus import Corpus
@@ -625,6 +630,21 @@ CASES = [
         "fewer than one eval batch of 64 windows (train.batch_size); raise data.eval_fraction",
     ),
     (
+        "train-init-from-missing",
+        [*SCONE, "model.init_from={w}/nope"],
+        "model.init_from {w}/nope is not a directory",
+    ),
+    (
+        "train-init-from-other-depth",
+        [*SCONE, "model.init_from={w}/hf"],
+        "n_layers=1 in its config.json, but this run has",
+    ),
+    (
+        "train-init-from-unimplemented-rope",
+        [*SCONE, "model.init_from={w}/hf_llama3_rope"],
+        "rope_scaling has rope_type='llama3'",
+    ),
+    (
         "train-fgram-set-of-other-k",
         [*SCONE, "fgrams.fgram_set={w}/fgrams", "fgrams.max_n=5"],
         "has K=4, but fgrams.max_n=5",
@@ -747,7 +767,46 @@ CASES = [
         ["export", RUN, "--out", "{tmp}/t", "--hf-out", "{w}/ds", "--overwrite"],
         "ds exists and is not a Hugging Face checkpoint",
     ),
+    (
+        "export-backbone-out-contains-the-table",
+        ["export", RUN, "--out", "{tmp}/serve/table", "--backbone-out", "{tmp}/serve"],
+        "--out {tmp}/serve/table lies inside --backbone-out {tmp}/serve",
+    ),
+    (
+        "export-hf-out-inside-the-table",
+        ["export", RUN, "--out", "{tmp}/table", "--hf-out", "{tmp}/table/hf"],
+        "--hf-out {tmp}/table/hf lies inside --out {tmp}/table",
+    ),
+    (
+        "export-backbone-and-hf-out-the-same",
+        [
+            "export",
+            RUN,
+            "--out",
+            "{tmp}/t",
+            "--backbone-out",
+            "{tmp}/same",
+            "--hf-out",
+            "{tmp}/same/",
+        ],
+        "--backbone-out and --hf-out are both {tmp}/same",
+    ),
     # generate
+    (
+        "generate-seed-beyond-32-bits",
+        ["generate", RUN, *TABLE, "--prompt", "the", "--seed", "4294967296"],
+        "--seed=4294967296 (expected 0 <= seed < 2**32)",
+    ),
+    (
+        "generate-seed-beyond-int64",
+        ["generate", RUN, *TABLE, "--prompt", "the", "--seed", "9223372036854775808"],
+        "--seed=9223372036854775808",
+    ),
+    (
+        "generate-negative-seed",
+        ["generate", RUN, *TABLE, "--prompt", "the", "--seed", "-1"],
+        "--seed=-1",
+    ),
     (
         "generate-no-model",
         ["generate", "--prompt", "the cat"],
@@ -928,6 +987,11 @@ def world(tmp_path_factory) -> Path:
     export_table(w / "run", str(w / "table"), progress=False)
     export_table(w / "run", str(w / "table_step1"), step=1, progress=False)
     export_narrow_table(w / "run", w / "table_narrow", width=16)
+    export_hf(w / "run", w / "hf", str(w / "table"))
+    shutil.copytree(w / "hf", w / "hf_llama3_rope")  # a Llama 3.1-style config.json
+    llama = hf_config(ModelConfig(family="llama", d_model=32, n_layers=1, n_heads=2), 300, 2, 1)
+    rope = {"rope_type": "llama3", "factor": 32.0, "original_max_position_embeddings": 16}
+    (w / "hf_llama3_rope" / "config.json").write_text(json.dumps({**llama, "rope_scaling": rope}))
 
     docs = [np.arange(60) % 50 + 3] * 10
     other = make_dataset(w / "other_ds", docs, 300, tokenizer_sha256="b" * 64)
@@ -1039,7 +1103,8 @@ def test_bad_input_is_one_line_and_writes_nothing(
         code = main(expand(argv, world, scratch))
     except SystemExit as e:  # argparse's errors
         code = e.code
-    assert_one_line_error(code, capsys.readouterr().err, argv[0], needle)
+    err = capsys.readouterr().err
+    assert_one_line_error(code, err, argv[0], expand([needle], world, scratch)[0])
     assert tree_state(world) == before
     assert not list(scratch.iterdir())
 
@@ -1082,3 +1147,18 @@ def test_every_command_and_subcommand_has_cases():
     }
     assert expected <= covered, expected - covered
     assert len({name for name, _, _ in CASES}) == len(CASES)
+
+
+def test_a_failed_set_up_leaves_a_planned_run_dir_as_planned(world, tmp_path, capsys):
+    """A run dir holding only its config (as `sweep` plans a point) keeps only that after a
+    set-up that fails late (model.init_from is read after the dataset and f-grams): a corrected
+    config may still use it."""
+    run_dir = tmp_path / "run"
+    argv = expand([*SCONE, "model.init_from={w}/hf"], world, tmp_path)
+    planned = load_config("tiny_scone", argv[2:-1])
+    run_dir.mkdir()
+    save_config(planned, run_dir / "config.yaml")
+    assert main(argv) == 2
+    assert "n_layers=1 in its config.json" in capsys.readouterr().err
+    assert [p.name for p in run_dir.iterdir()] == ["config.yaml"]
+    check_run_dir(load_config("tiny_scone", [*argv[2:-1], "train.steps=3"]))  # still accepted

@@ -32,6 +32,20 @@ def test_greedy_is_the_argmax(rng):
     np.testing.assert_array_equal(np.asarray(got), logits.argmax(-1))
 
 
+@pytest.mark.parametrize("temperature", [1e-30, 1e-40, 1e-45])
+def test_a_vanishing_temperature_tends_to_greedy(temperature, rng):
+    """Below float32's range logits / T overflows to +inf for every positive logit, and the
+    first of them would win; sampling from the largest logit down keeps the argmax."""
+    logits = rng.normal(size=(16, 50)).astype(np.float32)
+    logits[:, 0] = 1e-3  # a small positive logit ahead of the argmax in every row
+    logits[:, 1] = 0.0  # and an exact zero, which 0 / T must not turn into nan
+    logits[:, 7] = 9.0
+    keys = jax.random.split(jax.random.key(int(rng.integers(2**31))), 4)
+    for key in keys:
+        got = jax.jit(sample, static_argnums=2)(logits, key, Sampling(temperature, 5, 0.9))
+        np.testing.assert_array_equal(np.asarray(got), logits.argmax(-1))
+
+
 @pytest.mark.parametrize(
     "temperature, top_k, top_p",
     [(1.0, 0, 1.0), (0.5, 0, 1.0), (1.7, 3, 1.0), (1.0, 0, 0.6), (0.8, 4, 0.7), (1.0, 1, 1.0)],
