@@ -110,11 +110,7 @@ def run(commands: list[tuple[dict[str, str], list[str]]], grace_s: float) -> int
         for i, p in enumerate(procs):
             if p.returncode not in (None, 0) and i not in reported:
                 reported.add(i)
-                print(
-                    f"local.py: process {i} exited with status {p.returncode}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                print(f"local.py: process {i} {_ended(p.returncode)}", file=sys.stderr, flush=True)
                 if failed_at is None:
                     status, failed_at = p.returncode, time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > grace_s:
@@ -132,13 +128,20 @@ def run(commands: list[tuple[dict[str, str], list[str]]], grace_s: float) -> int
         t.join()
     for i, p in enumerate(procs):
         if p.returncode and i not in reported:
-            print(
-                f"local.py: process {i} exited with status {p.returncode}",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(f"local.py: process {i} {_ended(p.returncode)}", file=sys.stderr, flush=True)
             status = status or p.returncode
     return status if status >= 0 else 128 - status  # killed by signal N -> 128 + N, like a shell
+
+
+def _ended(returncode: int) -> str:
+    """How a process ended, in words: its exit status, or the signal that killed it."""
+    if returncode >= 0:
+        return f"exited with status {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"was killed by {name}"
 
 
 def main(argv: list[str] | None = None) -> int:

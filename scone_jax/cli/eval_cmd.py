@@ -37,9 +37,9 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--tier",
-        default="host",
+        default=None,
         choices=("device", "host", "disk"),
-        help="where the table lives during evaluation",
+        help="where the table lives during evaluation (with --table; default host)",
     )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     distributed_args.add_cli_arguments(p)
@@ -47,11 +47,17 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from scone_jax.errors import UserError
     from scone_jax.evaluation.run import evaluate_run
 
+    if args.tier and not args.table:
+        raise UserError(
+            f"--tier {args.tier} applies only with --table URL (without one the live f-gram "
+            "model is evaluated, on the device)"
+        )
     topology = distributed_args.initialize_from_args(args)
     with distributed.failures_reported(args.run_dir):
-        out = evaluate_run(args.run_dir, args.dataset, args.step, args.table, args.tier)
+        out = evaluate_run(args.run_dir, args.dataset, args.step, args.table, args.tier or "host")
     if topology and topology.process_id != 0:
         return (
             0  # every process evaluates (restore and eval steps are collective); process 0 reports

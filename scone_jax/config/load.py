@@ -219,8 +219,11 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
             raise UserError(f"override {item!r} is not of the form key=value")
         try:
             value = load_yaml(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            value = raw
+        except yaml.YAMLError as e:
+            if raw.lstrip().startswith(("{", "[")):  # meant as a mapping or a list: say why not
+                why = " ".join(str(getattr(e, "problem", None) or e).split())
+                raise UserError(f"override {item!r}: {why} (expected a YAML value)") from None
+            value = raw  # plain text that YAML reads otherwise (a path with ': ')
         parts = key.strip().split(".")
         node = nested
         for part in parts[:-1]:

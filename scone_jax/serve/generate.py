@@ -53,20 +53,27 @@ def decode_steps(
     streaming match and the row fetch (`TableLookup.decoder`), added inside the step.
     """
     sampling.validate()
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise UserError("every prompt needs at least one token")
+    if not prompts:
+        raise UserError("no prompt given (expected at least one)")
+    empty = [i + 1 for i, p in enumerate(prompts) if len(p) == 0]
+    if empty:
+        raise UserError(
+            f"prompt {empty[0]} of {len(prompts)} has no tokens (expected at least one)"
+        )
     prompts = [np.asarray(p, np.int64) for p in prompts]
     longest, limit = max(len(p) for p in prompts), engine.model.cfg.max_seq_len
-    if longest + max_new_tokens > limit:
+    # the last new token is returned, never fed back: the model sees longest + max_new - 1
+    if longest + max_new_tokens - 1 > limit:
         raise UserError(
-            f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) exceeds the model's "
-            f"max_seq_len={limit}"
+            f"prompt ({longest}) + max_new_tokens ({max_new_tokens}) - 1 exceeds the model's "
+            f"max_seq_len={limit} (the last new token is not fed back)"
         )
     if max_new_tokens <= 0:
         return iter(())
     # shapes in buckets, so new prompt lengths and generation lengths rarely recompile
-    width = min(-(-longest // SHAPE_BUCKET) * SHAPE_BUCKET, limit - max_new_tokens)
-    total = min(-(-(width + max_new_tokens) // SHAPE_BUCKET) * SHAPE_BUCKET, limit)
+    fed = max_new_tokens - 1  # positions the new tokens take in the cache
+    width = min(-(-longest // SHAPE_BUCKET) * SHAPE_BUCKET, limit - fed)
+    total = min(-(-(width + fed) // SHAPE_BUCKET) * SHAPE_BUCKET, limit)
     return _steps(engine, prompts, width, total, max_new_tokens, sampling, seed)
 
 

@@ -40,6 +40,7 @@ COLUMNS = (
     "coverage",
     "mean_match_length",
     "train_steps",
+    "steps_done",
     "train_flops",
 )
 
@@ -64,12 +65,13 @@ def _require(record: dict, keys: tuple[str, ...], where: str) -> None:
         raise UserError(f"{where} lacks {', '.join(missing)} (expected {', '.join(keys)})")
 
 
-def _train_flops(run_dir: Path) -> float | None:
-    """Sum of each step's FLOPs as logged (resumed runs log every step exactly once)."""
+def _train_log(run_dir: Path) -> tuple[float | None, int]:
+    """The sum of each step's FLOPs as logged (resumed runs log every step exactly once), and
+    the last step logged (0: none)."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
-        return None
-    total, seen = 0.0, False
+        return None, 0
+    total, seen, last = 0.0, False, 0
     lines = path.read_text(encoding="utf-8").splitlines()
     for number, line in enumerate(lines, 1):
         try:
@@ -82,9 +84,11 @@ def _train_flops(run_dir: Path) -> float | None:
             ) from None
         if not isinstance(record, dict):
             raise UserError(f"{path} line {number} is not a JSON object")
-        if record.get("kind") == "train" and "step_flops" in record:
-            total, seen = total + record["step_flops"], True
-    return total if seen else None
+        if record.get("kind") == "train":
+            last = max(last, int(record.get("step", 0)))
+            if "step_flops" in record:
+                total, seen = total + record["step_flops"], True
+    return (total if seen else None), last
 
 
 def point_row(name: str, run_dir: Path) -> dict:
@@ -92,12 +96,14 @@ def point_row(name: str, run_dir: Path) -> dict:
     cfg = load_run_config(run_dir)
     info = _read_json(run_dir / RUN_INFO_FILE) or {}
     final = _read_json(run_dir / FINAL_EVAL_FILE)
+    flops, steps_done = _train_log(run_dir)
     row: dict = {
         "point": name,
         "status": "complete" if final else "incomplete",
         "scone": cfg.fgrams.enabled,
         "train_steps": cfg.train.steps,
-        "train_flops": _train_flops(run_dir),
+        "steps_done": cfg.train.steps if final else steps_done,
+        "train_flops": flops,
     }
     vocab = info.get("vocab_size") or cfg.model.vocab_size
     if vocab:
@@ -252,7 +258,9 @@ def to_markdown(plan: dict, rows: list[dict], plots: list[str]) -> str:
         )
         cells = [
             r["point"],
-            r["status"],
+            r["status"]
+            if r["status"] != "incomplete"
+            else f"incomplete (step {r['steps_done']:,} of {r['train_steps']:,})",
             *[_fmt(r.get(f"ppl_{c}")) for c in corpora],
             _fmt(r.get("ppl_mean")),
             _fmt(r.get("num_fgrams")),

@@ -8,6 +8,7 @@ the log back to the checkpoint's step) never loses or repeats one.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import signal
@@ -89,6 +90,18 @@ def _undo_setup(run_dir: Path, fresh: bool, never_started: bool) -> None:
                 path.unlink(missing_ok=True)
 
 
+def _final_results(path: Path, step: int) -> dict | None:
+    """The final evaluation's results when `path` holds one of checkpoint `step`, else None."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("step") != step:
+        return None
+    results = record.get("results")
+    return results if isinstance(results, dict) else None
+
+
 def train(cfg: Config) -> dict:
     """Train (or resume) the run described by `cfg`; returns a summary dict."""
     is_main = jax.process_index() == 0
@@ -157,14 +170,18 @@ def train(cfg: Config) -> dict:
             flush=True,
         )
     if start >= total:
-        if not (
-            run_dir / FINAL_EVAL_FILE
-        ).is_file():  # stopped between the last save and the final eval
+        recorded = _final_results(run_dir / FINAL_EVAL_FILE, start)
+        new_sets = sorted(set(session.eval_sets) - set(recorded or {}))
+        if recorded is None or new_sets:  # stopped before the final eval, or eval sets added
             summary["eval"] = evaluate(session, session.eval_step(), state["params"])
             if is_main:
                 atomic_write_json(
                     run_dir / FINAL_EVAL_FILE, {"step": start, "results": summary["eval"]}
                 )
+                if recorded is not None:
+                    print(f"evaluated the finished run on {', '.join(new_sets)} too", flush=True)
+        else:
+            summary["eval"] = recorded
         ckpt.close()
         if best:
             best.close()

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -152,6 +153,19 @@ def test_a_repeated_key_is_refused_not_silently_dropped_and_merges_still_work(tm
     (tmp_path / "merged.yaml").write_text("base: tiny\n" + merge)
     cfg = load_config(tmp_path / "merged.yaml")
     assert (cfg.train.steps, cfg.train.seed) == (5, 3)
+
+
+@pytest.mark.parametrize(
+    "override, why",
+    [
+        ("train={steps: 3, steps: 4}", "key 'steps' is repeated"),
+        ("data.corpus=[a.txt, b.txt", "expected ',' or ']'"),
+        ("train={steps: 3", "expected ',' or '}'"),
+    ],
+)
+def test_a_broken_mapping_or_list_override_names_its_yaml_problem(override, why):
+    with pytest.raises(UserError, match=re.escape(f"override {override!r}: {why}")):
+        load_config("tiny", [override])
 
 
 def test_parse_overrides_nesting():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -61,10 +62,13 @@ class Job:
         return code
 
     def status(self, process: int) -> int | None:
-        """The exit status local.py reported for `process` (None: it exited with 0)."""
+        """The exit status local.py reported for `process`, minus the signal's number when it
+        says a signal killed it (as Popen.returncode; None: it exited with 0)."""
         for line in self.lines:
-            if m := re.fullmatch(rf"local\.py: process {process} exited with status (-?\d+)", line):
+            if m := re.fullmatch(rf"local\.py: process {process} exited with status (\d+)", line):
                 return int(m.group(1))
+            if m := re.fullmatch(rf"local\.py: process {process} was killed by (SIG\w+)", line):
+                return -signal.Signals[m.group(1)]
         return None
 
 

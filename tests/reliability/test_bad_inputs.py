@@ -672,6 +672,7 @@ CASES = [
     # eval
     ("eval-missing-run", ["eval", "{w}/nope"], "nope is not a run directory"),
     ("eval-file-as-run", ["eval", "{w}/plain_file"], "plain_file is not a run directory"),
+    ("eval-tier-without-table", ["eval", RUN, "--tier", "disk"], "--tier disk applies only with"),
     (
         "eval-missing-step",
         ["eval", RUN, "--step", "7"],
@@ -850,8 +851,8 @@ CASES = [
     ),
     (
         "generate-empty-prompt",
-        ["generate", RUN, *TABLE, "--prompt", "", "--max-new-tokens", "2"],
-        "every prompt needs at least one token",
+        ["generate", RUN, *TABLE, "--prompt", "the", "--prompt", "", "--max-new-tokens", "2"],
+        "prompt 2 of 2 has no tokens",
     ),
     (
         "generate-other-tokenizer",

@@ -60,6 +60,10 @@ def test_local_exits_with_the_first_failure_and_prefixes_output():
     assert "local.py: process 1 exited with status 3" in res.stderr
     ok = run(sys.executable, LOCAL, "--command", "2", sys.executable, "-c", "pass")
     assert ok.returncode == 0, ok.stderr
+    killed = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    res = run(sys.executable, LOCAL, "--command", "1", sys.executable, "-c", killed)
+    assert res.returncode == 128 + 9  # as a shell reports it
+    assert "local.py: process 0 was killed by SIGKILL" in res.stderr
 
 
 def test_slurm_submit_dry_run_prints_sbatch_and_srun():

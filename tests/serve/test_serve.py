@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from scone_jax.errors import UserError
 from scone_jax.evaluation.run import evaluate_run
 from scone_jax.export.backbone import export_backbone
 from scone_jax.export.table import export_table
@@ -147,6 +148,25 @@ def test_kv_cache_generation_equals_full_recompute(exported, rng, sampling):
     steps = decode_steps(engine, prompts, 10, sampling, seed=5)
     assert [next(steps).tolist() for _ in range(3)] == [[row[i] for row in fast] for i in range(3)]
     assert generate(engine, prompts, 0) == [[] for _ in prompts]
+
+
+def test_generation_reaches_the_last_position_of_the_context(exported, rng):
+    """The last new token is returned, never fed back: a prompt of L - k tokens gets k + 1 new
+    ones (a whole-context prompt still gets one), exactly as a full recompute would."""
+    run_dir, root = exported
+    engine = engine_from_run(run_dir, str(root / "float32"), "host")
+    limit = engine.model.cfg.max_seq_len
+    full, other = sample_tokens(run_dir, rng, batch=2, length=limit)
+    k = int(rng.integers(1, 6))
+    print("context", limit, "k", k)
+    for prompts, new in (
+        ([full[: limit - k].tolist(), other[:5].tolist()], k + 1),
+        ([full.tolist()], 1),
+    ):
+        fast = generate(engine, prompts, new)
+        assert fast == generate_reference(engine, prompts, new) and len(fast[0]) == new
+    with pytest.raises(UserError, match="exceeds the model's max_seq_len"):
+        generate(engine, [full[: limit - k].tolist()], k + 2)
 
 
 def test_exported_backbone_serves_like_the_checkpoint(exported, rng):

@@ -38,6 +38,21 @@ def test_a_torn_last_metrics_line_is_what_a_killed_run_leaves_and_is_skipped(swe
     assert float(got["a"]["train_flops"]) == 2.0e9 and got["b"]["status"] == "incomplete"
 
 
+def test_an_incomplete_point_shows_how_far_it_got(sweep):
+    """A point stopped part way says at which step (the last one its metrics logged), not only
+    the steps it was configured for."""
+    (sweep / "points" / "b" / "metrics.jsonl").write_text(
+        "".join(json.dumps({"kind": "train", "step": s, "step_flops": 1e9}) + "\n" for s in (1, 2))
+        + json.dumps({"kind": "eval", "step": 2, "perplexity": 5.0})
+        + "\n"
+    )
+    report = write_report(sweep)
+    got = rows(report)
+    assert (got["b"]["steps_done"], got["b"]["train_steps"]) == ("2", "3")
+    assert (got["a"]["steps_done"], got["a"]["status"]) == (got["a"]["train_steps"], "complete")
+    assert "| b | incomplete (step 2 of 3) |" in (report / "results.md").read_text()
+
+
 @pytest.mark.parametrize(
     "damage, message",
     [

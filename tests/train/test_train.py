@@ -1,5 +1,6 @@
 """Training end to end: loss goes down, 1 device == 8 devices, resume is bitwise, signals save."""
 
+import json
 import signal
 
 import numpy as np
@@ -146,3 +147,18 @@ def test_eval_command_reports_perplexity(markov_dataset, tmp_path):
     out = json.loads(res.stdout)
     assert out["step"] == 10 and set(out["results"]) == {"heldout", "markov"}
     assert all(1 < r["perplexity"] < 64 for r in out["results"].values())
+
+
+def test_a_finished_run_rerun_with_an_added_eval_set_evaluates_it(markov_dataset, tmp_path):
+    """data.eval_datasets may change on a rerun: a finished run evaluates a set it had not, and
+    keeps the numbers of the sets it had (same checkpoint, same batches)."""
+    settings = tiny_overrides(markov_dataset.path, tmp_path / "run", 6)
+    first = train(load_config("tiny", settings))
+    again = train(load_config("tiny", settings))
+    assert again["status"] == "already complete" and again["eval"] == first["eval"]
+    added = train(load_config("tiny", [*settings, f"data.eval_datasets=[{markov_dataset.path}]"]))
+    assert added["status"] == "already complete"
+    assert set(added["eval"]) == {"heldout", "markov"}
+    assert added["eval"]["heldout"] == first["eval"]["heldout"]
+    recorded = json.loads((tmp_path / "run" / FINAL_EVAL_FILE).read_text())
+    assert recorded == {"step": 6, "results": added["eval"]}
