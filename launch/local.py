@@ -168,9 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--grace",
         type=float,
-        default=60.0,
+        default=90.0,
         metavar="S",
-        help="seconds the others get to stop after one fails, before they are killed (default 60)",
+        help="seconds the others get to stop after one fails, before they are killed (default "
+        "90: past the watchdog's 60 s peer timeout, so a process waiting on a lost peer ends "
+        "with its own message first)",
     )
     parser.add_argument(
         "--python", default=sys.executable, help="interpreter for scone-jax (default: this one)"

@@ -115,7 +115,9 @@ def checkpoint_fingerprint(cfg: Config, info: dict[str, Any], step: int) -> str:
     its inputs lie (its `run_id` tells two runs of one config apart), and the step. A no-op
     rerun, a cadence change or a copied run directory keeps it; a regular and a best checkpoint
     of one step share it, as they share their parameters."""
-    located = {"dataset", "fgram_set"}  # absolute paths: a copied run's differ
+    # absolute paths (a copied run's differ), and the dataset's hash, which runs before it was
+    # recorded lack (the tokenizer's and the f-gram set's fingerprints stand for the inputs)
+    located = {"dataset", "fgram_set", "dataset_tokens_sha256"}
     identity = {
         "config": run_identity(cfg),
         "info": {k: v for k, v in info.items() if k not in located},

@@ -73,6 +73,34 @@ def config_differences(old: Config, new: Config) -> list[str]:
     return [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
+def final_eval_record(cfg: Config, step: int, results: dict) -> dict:
+    """FINAL_EVAL_FILE's contents: the results, the step, and the eval settings that made them
+    (a rerun with other eval sets or batches evaluates again)."""
+    return {
+        "step": int(step),
+        "results": results,
+        "eval_datasets": [str(Path(p).absolute()) for p in cfg.data.eval_datasets],
+        "eval_batches": cfg.train.eval_batches,
+    }
+
+
+def final_results(run_dir: str | Path, cfg: Config, step: int | None = None) -> dict | None:
+    """The final evaluation's results, if RUN_DIR holds one made with `cfg`'s eval sets and
+    batches (and at `step`, when given); None otherwise (a record of older settings included)."""
+    try:
+        record = json.loads((Path(run_dir) / FINAL_EVAL_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("results"), dict):
+        return None
+    if step is not None and record.get("step") != step:
+        return None
+    current = final_eval_record(cfg, 0, {})
+    if any(record.get(k) != current[k] for k in ("eval_datasets", "eval_batches")):
+        return None
+    return record["results"]
+
+
 def check_run_dir(cfg: Config) -> Path:
     """The run dir of `cfg`, after checking that an existing one holds the same run (or one
     that never started: a config saved and nothing else, as a sweep plans its points)."""

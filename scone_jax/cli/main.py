@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import shlex
+import signal
 import sys
+import threading
 
-from scone_jax.errors import UserError
+from scone_jax.errors import Terminated, UserError
 
 COMMANDS = (
     "tokenize",
@@ -52,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unparsed)}")
     # how the artifacts' locks name their holder (artifacts/lock.py)
     args.command_line = shlex.join(["scone-jax", *(sys.argv[1:] if argv is None else argv)])
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if on_main_thread else None
     try:
         code = args.func(args)
     except UserError as e:
@@ -60,7 +64,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"scone-jax {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"scone-jax {args.command}: terminated (SIGTERM)", file=sys.stderr)
+        return Terminated.exit_code
+    finally:  # unless the command set its own (train ignores a late SIGTERM once it has saved)
+        if previous is not None and signal.getsignal(signal.SIGTERM) is _terminate:
+            signal.signal(signal.SIGTERM, previous)
     return int(code or 0)
+
+
+def _terminate(signum, frame):
+    """SIGTERM (a scheduler's preemption, `kill`) as an exception, so cleanups run; training
+    installs its own handler around the loop, which saves a checkpoint first."""
+    raise Terminated()
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import contextlib
 import json
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +32,29 @@ class MetricsWriter:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.print_fn = print_fn
         self._tb = None
+        self._tb_dir = Path(run_dir) / "tensorboard" if tensorboard and self.enabled else None
         self._file = None
-        if not self.enabled:
-            return
-        if tensorboard:
+
+    def _tensorboard(self, purge_after: int | None = None):
+        """The tensorboard writer, opened on first use; `purge_after`: a resume from that step,
+        so tensorboard hides the later steps a killed run had logged (as `truncate_after` drops
+        them from metrics.jsonl) instead of drawing them twice."""
+        if self._tb is None and self._tb_dir is not None:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+            purge = purge_after + 1 if purge_after else None
+            # a file of its own even when a restart comes within the second (names hold seconds)
+            unique = f".{time.time_ns()}"
+            self._tb = SummaryWriter(str(self._tb_dir), purge_step=purge, filename_suffix=unique)
+        return self._tb
 
     def truncate_after(self, step: int) -> None:
-        """Drop records with step > `step` (left by a run that died after its last checkpoint)."""
-        if not self.enabled or not self.path.exists():
+        """Drop records with step > `step` (left by a run that died after its last checkpoint),
+        here and in tensorboard."""
+        if not self.enabled:
+            return
+        self._tensorboard(purge_after=step)
+        if not self.path.exists():
             return
         kept = []
         for line in self.path.read_text(encoding="utf-8").splitlines():
@@ -78,10 +91,10 @@ class MetricsWriter:
                     ):  # closes the file even when its flush fails again
                         file.close()
                 raise
-        if self._tb is not None:
+        if (tb := self._tensorboard()) is not None:
             for key, value in record.items():
                 if isinstance(value, int | float) and key != "step":
-                    self._tb.add_scalar(f"{kind}/{key}", value, step)
+                    tb.add_scalar(f"{kind}/{key}", value, step)
         if echo:
             shown = " ".join(
                 f"{k}={_fmt(v)}" for k, v in record.items() if k not in ("step", "kind")

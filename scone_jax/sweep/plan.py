@@ -3,7 +3,9 @@
 Layout of SWEEP_DIR:
     sweep.json                   the expansion: points, their overrides and commands
     data/tok-<hash>/train        the tokenized training corpus (one per distinct tokenization)
-    data/tok-<hash>/<corpus>     each `eval_corpora` entry, tokenized with the same tokenizer
+    data/tok-<hash>/eval/src-<hash>/<corpus>
+                                 each `eval_corpora` entry (keyed by its path and its name),
+                                 tokenized with the same tokenizer
     data/tok-<hash>/fgrams/...   one f-gram set per distinct (K, S, min count), counted on the
                                  training split only, shared by every point that uses it
     points/<point>/              the point's run directory (its resolved config.yaml first)
@@ -18,10 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from scone_jax.artifacts.run_dir import FINAL_EVAL_FILE, check_run_dir, save_run_config
+from scone_jax.artifacts.run_dir import CONFIG_FILE, check_run_dir, final_results, save_run_config
 from scone_jax.atomic import atomic_write_json
 from scone_jax.config import Config, load_config
 from scone_jax.data.dataset import META_FILE
@@ -44,8 +47,9 @@ class Step:
 
     @property
     def done(self) -> bool:
-        if self.kind == "train":
-            return (self.output / FINAL_EVAL_FILE).is_file()
+        if self.kind == "train":  # evaluated with the eval sets and batches its config names now
+            config = self.output / CONFIG_FILE
+            return config.is_file() and final_results(self.output, load_config(config)) is not None
         return (self.output / META_FILE).is_file()
 
     @property
@@ -199,7 +203,9 @@ def plan_sweep(spec: SweepSpec, sweep_dir: str | Path, extra: list[str] | None =
         managed.append(f"data.dataset={dataset}")
         eval_sets = list(cfg.data.eval_datasets)
         for corpus_name, corpus in spec.eval_corpora.items():
-            out = data_dir / corpus_name
+            # keyed by where the text is too: a name given to another file is tokenized anew
+            source = "src-" + hashlib.sha256(os.path.abspath(corpus).encode()).hexdigest()[:8]
+            out = data_dir / "eval" / source / corpus_name
             steps.setdefault(
                 out,
                 Step(

@@ -29,6 +29,8 @@ from scone_jax.artifacts.run_dir import (
     best_checkpoint_dir,
     check_run_dir,
     checkpoints_dir,
+    final_eval_record,
+    final_results,
     run_id,
     save_run_config,
 )
@@ -75,6 +77,38 @@ def stop_agreed(received: list[int]) -> int:
     return int(next((s for s in everyone if s), 0))
 
 
+_STARTED = time.monotonic()  # when this process imported the loop, before any set-up
+
+
+def _remove_temporaries(run_dir: Path) -> None:
+    """What a killed process left half-written in the run dir (`.NAME.tmp-*`: atomic_dir and
+    atomic_write's temporaries) before this one started; train holds the run dir's lock."""
+    started = time.time() - time.monotonic() + _STARTED
+    for path in run_dir.glob(".*.tmp-*"):
+        if path.lstat().st_mtime >= started:
+            continue  # made by this job (another process of it)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _check_same_dataset(run_dir: Path, info: dict) -> None:
+    """A resumed run must read the tokens it started on: data.dataset may name another path
+    (a moved copy), not other text."""
+    try:
+        started = json.loads((run_dir / RUN_INFO_FILE).read_text())
+    except (OSError, ValueError):
+        return  # a run that never got this far
+    then, now = started.get("dataset_tokens_sha256"), info.get("dataset_tokens_sha256")
+    if then and now and then != now:
+        raise UserError(
+            f"run_dir {run_dir} started on the dataset at {started.get('dataset')} (tokens sha256 "
+            f"{then[:12]}), but {info['dataset']} holds other tokens ({now[:12]}); point "
+            "data.dataset at the run's dataset, or use a new run_dir"
+        )
+
+
 def _undo_setup(run_dir: Path, fresh: bool, never_started: bool) -> None:
     """Remove what a failed set-up wrote: all of a new run dir; all but the saved config of one
     that never started (as a sweep plans its points), so a corrected config may still use it."""
@@ -90,24 +124,16 @@ def _undo_setup(run_dir: Path, fresh: bool, never_started: bool) -> None:
                 path.unlink(missing_ok=True)
 
 
-def _final_results(path: Path, step: int) -> dict | None:
-    """The final evaluation's results when `path` holds one of checkpoint `step`, else None."""
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or record.get("step") != step:
-        return None
-    results = record.get("results")
-    return results if isinstance(results, dict) else None
-
-
 def train(cfg: Config) -> dict:
     """Train (or resume) the run described by `cfg`; returns a summary dict."""
     is_main = jax.process_index() == 0
     fresh = not Path(cfg.run_dir).exists()
     run_dir = check_run_dir(cfg)
     never_started = not fresh and {p.name for p in run_dir.iterdir()} <= {CONFIG_FILE}
+    if is_main:
+        if fresh or never_started:  # a set-up killed outright (SIGKILL) is then resumed
+            save_run_config(cfg)
+        _remove_temporaries(run_dir)
     parts = []  # what set-up opened, closed again if it fails
     try:
         session = open_session(cfg, run_dir)
@@ -123,8 +149,9 @@ def train(cfg: Config) -> dict:
             else None
         )
         parts.append(best)
+        _check_same_dataset(run_dir, session.run_info())
         if is_main:
-            save_run_config(cfg)
+            save_run_config(cfg)  # a resume's changes (eval sets, cadences) once set-up passed
             atomic_write_json(
                 run_dir / RUN_INFO_FILE, {**session.run_info(), "run_id": run_id(run_dir)}
             )
@@ -170,16 +197,20 @@ def train(cfg: Config) -> dict:
             flush=True,
         )
     if start >= total:
-        recorded = _final_results(run_dir / FINAL_EVAL_FILE, start)
-        new_sets = sorted(set(session.eval_sets) - set(recorded or {}))
-        if recorded is None or new_sets:  # stopped before the final eval, or eval sets added
+        recorded = final_results(run_dir, cfg, start)
+        if recorded is None:  # stopped before the final eval, or its eval sets or batches changed
+            had = (run_dir / FINAL_EVAL_FILE).is_file()
             summary["eval"] = evaluate(session, session.eval_step(), state["params"])
             if is_main:
                 atomic_write_json(
-                    run_dir / FINAL_EVAL_FILE, {"step": start, "results": summary["eval"]}
+                    run_dir / FINAL_EVAL_FILE, final_eval_record(cfg, start, summary["eval"])
                 )
-                if recorded is not None:
-                    print(f"evaluated the finished run on {', '.join(new_sets)} too", flush=True)
+                if had:
+                    print(
+                        f"evaluated the finished run again with its eval settings now "
+                        f"({', '.join(summary['eval'])}; {cfg.train.eval_batches} batches)",
+                        flush=True,
+                    )
         else:
             summary["eval"] = recorded
         ckpt.close()
@@ -298,12 +329,14 @@ def train(cfg: Config) -> dict:
     summary["end_step"] = step
     if best and best.best_step() is not None:
         summary["best"] = {"step": best.best_step(), best.eval_set: {"loss": best.best_loss}}
+    if step == total:  # a signal during the last step stops nothing: the run is finished
+        stopped_by = None
     summary["status"] = f"stopped by {stopped_by}" if stopped_by else "complete"
     if (
         step == total and is_main
     ):  # only once the last checkpoint is committed: it marks a finished run
         atomic_write_json(
-            run_dir / FINAL_EVAL_FILE, {"step": step, "results": summary.get("eval", {})}
+            run_dir / FINAL_EVAL_FILE, final_eval_record(cfg, step, summary.get("eval", {}))
         )
     if is_main:
         msg = (

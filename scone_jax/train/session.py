@@ -83,6 +83,8 @@ class Session:
         info = {
             "vocab_size": self.vocab_size,
             "dataset": str(Path(self.dataset.path).absolute()),
+            # what a resume checks the dataset against (the path may move, its tokens may not)
+            "dataset_tokens_sha256": self.dataset.meta.get("tokens_sha256"),
             "tokenizer_sha256": self.dataset.tokenizer_sha256,
             "params": self.flops.params_total,
             "params_non_embedding": self.flops.params_non_embedding,

@@ -300,3 +300,24 @@ def test_report_of_an_unstarted_sweep_lists_points_as_incomplete_or_missing(tmp_
     shutil.rmtree(tmp_path / "copy" / "points" / "base")
     rows = list(csv.DictReader((write_report(tmp_path / "copy") / "results.csv").open()))
     assert [r["status"] for r in rows] == ["missing", "incomplete", "missing"]
+
+
+def test_an_eval_corpus_name_given_to_another_file_is_tokenized_anew(tmp_path):
+    """The eval corpora's datasets are keyed by their files too: renaming `x` from a.txt to
+    b.txt must not serve the old tokens under the new file's name (the set keeps its name)."""
+    text = "config: tiny\neval_corpora: {{x: {path}}}\npoints: {{a: {{}}}}\n"
+    first = plan_sweep(
+        load_sweep(_write(tmp_path, text.format(path=tmp_path / "a.txt"))), tmp_path / "sw"
+    )
+    (tokenized,) = [s for s in first.steps if s.name.endswith("/x")]
+    tokenized.output.mkdir(parents=True)
+    (tokenized.output / "meta.json").write_text("{}")  # as if it had run
+    assert tokenized.done
+    again = plan_sweep(
+        load_sweep(_write(tmp_path, text.format(path=tmp_path / "b.txt"))), tmp_path / "sw"
+    )
+    (retokenize,) = [s for s in again.steps if s.name.endswith("/x")]
+    assert retokenize.output != tokenized.output and not retokenize.done
+    assert retokenize.output.name == "x" and str(tmp_path / "b.txt") in retokenize.argv
+    (cfg,) = [pp.config for pp in again.points]
+    assert cfg.data.eval_datasets == [str(retokenize.output)]

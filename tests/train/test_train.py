@@ -1,13 +1,17 @@
 """Training end to end: loss goes down, 1 device == 8 devices, resume is bitwise, signals save."""
 
 import json
+import shutil
 import signal
 
 import numpy as np
+import pytest
 
 from scone_jax.artifacts.run_dir import FINAL_EVAL_FILE, checkpoints_dir
 from scone_jax.config import load_config
+from scone_jax.errors import UserError
 from scone_jax.train.loop import train
+from tests.conftest import make_dataset, markov_documents
 from tests.train.helpers import cli, cli_run, losses, read_metrics, tiny_overrides, wait_for_step
 
 
@@ -150,8 +154,8 @@ def test_eval_command_reports_perplexity(markov_dataset, tmp_path):
 
 
 def test_a_finished_run_rerun_with_an_added_eval_set_evaluates_it(markov_dataset, tmp_path):
-    """data.eval_datasets may change on a rerun: a finished run evaluates a set it had not, and
-    keeps the numbers of the sets it had (same checkpoint, same batches)."""
+    """data.eval_datasets and train.eval_batches may change on a rerun: a finished run is
+    evaluated again with them (the sets it had give the same numbers on the same batches)."""
     settings = tiny_overrides(markov_dataset.path, tmp_path / "run", 6)
     first = train(load_config("tiny", settings))
     again = train(load_config("tiny", settings))
@@ -161,4 +165,28 @@ def test_a_finished_run_rerun_with_an_added_eval_set_evaluates_it(markov_dataset
     assert set(added["eval"]) == {"heldout", "markov"}
     assert added["eval"]["heldout"] == first["eval"]["heldout"]
     recorded = json.loads((tmp_path / "run" / FINAL_EVAL_FILE).read_text())
-    assert recorded == {"step": 6, "results": added["eval"]}
+    assert recorded["results"] == added["eval"]
+    assert (recorded["eval_datasets"], recorded["eval_batches"]) == ([str(markov_dataset.path)], 2)
+    # other eval batches: evaluated again, and recorded so
+    more = train(load_config("tiny", [*settings, "train.eval_batches=3"]))
+    assert more["eval"]["heldout"] != first["eval"]["heldout"]
+    assert json.loads((tmp_path / "run" / FINAL_EVAL_FILE).read_text())["eval_batches"] == 3
+
+
+def test_a_resume_refuses_other_tokens_at_the_dataset_path(tmp_path, rng):
+    """The dataset a run started on may not be swapped under its path: its tokens' hash is
+    recorded at the first start and checked at every other."""
+    path = tmp_path / "data"
+    make_dataset(path, markov_documents(rng, 64, 80, 500), 64)
+    settings = tiny_overrides(path, tmp_path / "run", 4)
+    train(load_config("tiny", settings))
+    recorded = json.loads((tmp_path / "run" / "run_info.json").read_text())
+    assert (
+        recorded["dataset_tokens_sha256"]
+        == json.loads((path / "meta.json").read_text())["tokens_sha256"]
+    )
+    shutil.rmtree(path)
+    make_dataset(path, markov_documents(rng, 64, 80, 500), 64)  # other text, same place
+    with pytest.raises(UserError, match=r"started on the dataset at .* holds other tokens"):
+        train(load_config("tiny", settings))
+    assert json.loads((tmp_path / "run" / "run_info.json").read_text()) == recorded
