@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from scone_jax.data.text import resolve_corpus_files
 from scone_jax.errors import UserError
 from scone_jax.sweep.plan import Step, SweepPlan
 
@@ -49,7 +50,24 @@ def dry_run(plan: SweepPlan, launcher: str, launcher_args: list[str], print_fn=p
     for step in plan.steps:
         state = "done" if step.done else "todo"
         print_fn(f"# [{state}] {step.name}")
+        if not step.done and (missing := _missing_corpus(step)):
+            print_fn(f"# warning: this step would stop: {missing}")
         print_fn(shlex.join(launcher_command(step, launcher, plan.spec.name, launcher_args)))
+
+
+def _missing_corpus(step: Step) -> str | None:
+    """Why a tokenize step's corpus could not be read now (a path or glob that finds nothing),
+    so a dry run shows it before a real run stops there; None when it is there."""
+    if step.kind != "tokenize":
+        return None
+    corpus = [b for a, b in zip(step.argv, step.argv[1:]) if a == "--corpus"]
+    if not corpus:
+        return None  # the embedded corpus
+    try:
+        resolve_corpus_files(corpus)
+    except UserError as e:
+        return str(e)
+    return None
 
 
 def _run_logged(command: list[str], log: Path) -> int:

@@ -321,3 +321,21 @@ def test_an_eval_corpus_name_given_to_another_file_is_tokenized_anew(tmp_path):
     assert retokenize.output.name == "x" and str(tmp_path / "b.txt") in retokenize.argv
     (cfg,) = [pp.config for pp in again.points]
     assert cfg.data.eval_datasets == [str(retokenize.output)]
+
+
+def test_a_dry_run_warns_of_a_corpus_a_real_run_would_stop_at(tmp_path, capsys):
+    (tmp_path / "here.txt").write_text("some text\n")
+    here, gone = tmp_path / "here.txt", tmp_path / "gone.txt"
+    text = f"config: tiny\neval_corpora: {{here: {here}, gone: {gone}}}\npoints: {{a: {{}}}}\n"
+    assert (
+        main(["sweep", str(_write(tmp_path, text)), "--dry-run", "--out", str(tmp_path / "sw")])
+        == 0
+    )
+    out = capsys.readouterr().out.splitlines()
+    warnings = [ln for ln in out if ln.startswith("# warning")]
+    assert (
+        len(warnings) == 1 and f"corpus path {tmp_path / 'gone.txt'} does not exist" in warnings[0]
+    )
+    gone = out.index(warnings[0])
+    assert out[gone - 1].startswith("# [todo] tokenize") and out[gone - 1].endswith("/gone")
+    assert not (tmp_path / "sw").exists()
