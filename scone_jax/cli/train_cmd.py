@@ -53,6 +53,8 @@ def run(args) -> int:
         writing([("run_dir", cfg.run_dir)], args.command_line),
     ):
         summary = train(cfg)
+    if summary.get("late_signal"):  # finished as the signal came: its sender may send another
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if summary["status"].startswith("stopped by"):
         # saved: a later SIGTERM (srun ending the step once a peer has exited) must not turn this
         # exit into a death by signal during jax's shutdown

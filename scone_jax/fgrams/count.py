@@ -24,7 +24,7 @@ and merges the shards' partitions (`merge_partials`).
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -214,6 +214,7 @@ def _one_pass(run: _CountRun, n: int, index, ids_in, ids_out) -> Level:
     def count_part(q: int):
         return _count_partition(parts.take(q, p.partition_limit), run.min_count, layout.base(q))
 
+    futures = []
     try:
         with bar:  # off a terminal, a "done" line only when the pass is done
             futures = [
@@ -226,6 +227,11 @@ def _one_pass(run: _CountRun, n: int, index, ids_in, ids_out) -> Level:
                 bar.update(done)
             bar.set_postfix_str("sorting")
             results = list(pool.map(count_part, range(layout.parts)))
+    except BaseException:  # an error, Ctrl-C or SIGTERM: no queued chunk starts after it
+        for fut in futures:
+            fut.cancel()
+        wait(futures)  # the running ones, before what they read and write is closed
+        raise
     finally:
         parts.close()
     codes = layout.unmix(np.concatenate([r[0] for r in results]))

@@ -42,7 +42,7 @@ class MetricsWriter:
         if self._tb is None and self._tb_dir is not None:
             from tensorboardX import SummaryWriter
 
-            purge = purge_after + 1 if purge_after else None
+            purge = purge_after + 1 if purge_after is not None else None
             # a file of its own even when a restart comes within the second (names hold seconds)
             unique = f".{time.time_ns()}"
             self._tb = SummaryWriter(str(self._tb_dir), purge_step=purge, filename_suffix=unique)

@@ -24,7 +24,7 @@ import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
-from scone_jax.errors import UserError
+from scone_jax.errors import Terminated, UserError
 
 PEER_LOST_EXIT_CODE = 75  # EX_TEMPFAIL: rerun the job to resume from the last checkpoint
 KV_PREFIX = "scone_jax/watchdog"
@@ -87,7 +87,7 @@ def _exit_code(exc: BaseException) -> int:
         return exc.code if isinstance(exc.code, int) else 1
     if isinstance(exc, KeyboardInterrupt):
         return 130
-    return getattr(exc, "exit_code", 1) if isinstance(exc, UserError) else 1
+    return getattr(exc, "exit_code", 1) if isinstance(exc, UserError | Terminated) else 1
 
 
 class Watchdog:

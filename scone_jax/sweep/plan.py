@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from scone_jax.artifacts.run_dir import CONFIG_FILE, check_run_dir, final_results, save_run_config
+from scone_jax.artifacts.run_dir import check_run_dir, final_results, save_run_config
 from scone_jax.atomic import atomic_write_json
 from scone_jax.config import Config, load_config
 from scone_jax.data.dataset import META_FILE
@@ -44,12 +44,12 @@ class Step:
     argv: list[str]
     output: Path
     point: str | None = None
+    config: Config | None = None  # a train step's planned config
 
     @property
     def done(self) -> bool:
-        if self.kind == "train":  # evaluated with the eval sets and batches its config names now
-            config = self.output / CONFIG_FILE
-            return config.is_file() and final_results(self.output, load_config(config)) is not None
+        if self.kind == "train":  # evaluated with the eval sets and batches the plan names now
+            return final_results(self.output, self.config) is not None
         return (self.output / META_FILE).is_file()
 
     @property
@@ -231,6 +231,7 @@ def plan_sweep(spec: SweepSpec, sweep_dir: str | Path, extra: list[str] | None =
             ["train", str(spec.config), *overrides],
             run_dir,
             point=point.name,
+            config=cfg,
         )
         points.append(PointPlan(point=point, config=cfg, overrides=overrides))
     order = {"tokenize": 0, "fgrams": 1, "train": 2}

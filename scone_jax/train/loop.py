@@ -36,11 +36,11 @@ from scone_jax.artifacts.run_dir import (
 )
 from scone_jax.atomic import atomic_write_json
 from scone_jax.config import Config
-from scone_jax.errors import UserError
+from scone_jax.errors import Terminated, UserError
 from scone_jax.metrics.flops import peak_flops
 from scone_jax.metrics.writers import MetricsWriter
 from scone_jax.progress import progress_bar
-from scone_jax.runtime.distributed import report_failure
+from scone_jax.runtime.distributed import barrier, report_failure
 from scone_jax.train.init_from import initial_state
 from scone_jax.train.profile import StepProfiler
 from scone_jax.train.session import evaluate, open_session
@@ -77,35 +77,31 @@ def stop_agreed(received: list[int]) -> int:
     return int(next((s for s in everyone if s), 0))
 
 
-_STARTED = time.monotonic()  # when this process imported the loop, before any set-up
-
-
 def _remove_temporaries(run_dir: Path) -> None:
     """What a killed process left half-written in the run dir (`.NAME.tmp-*`: atomic_dir and
-    atomic_write's temporaries) before this one started; train holds the run dir's lock."""
-    started = time.time() - time.monotonic() + _STARTED
+    atomic_write's temporaries); train holds the run dir's lock, and its peers wait."""
     for path in run_dir.glob(".*.tmp-*"):
-        if path.lstat().st_mtime >= started:
-            continue  # made by this job (another process of it)
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
 
 
-def _check_same_dataset(run_dir: Path, info: dict) -> None:
+def _check_same_dataset(run_dir: Path, cfg: Config) -> None:
     """A resumed run must read the tokens it started on: data.dataset may name another path
-    (a moved copy), not other text."""
+    (a moved copy), not other text. Checked before set-up, which would tag the other text."""
+    dataset = Path(cfg.data.dataset) if cfg.data.dataset else run_dir / "dataset"
     try:
         started = json.loads((run_dir / RUN_INFO_FILE).read_text())
-    except (OSError, ValueError):
-        return  # a run that never got this far
-    then, now = started.get("dataset_tokens_sha256"), info.get("dataset_tokens_sha256")
+        now = json.loads((dataset / "meta.json").read_text()).get("tokens_sha256")
+    except (OSError, ValueError, AttributeError):
+        return  # a run that never got this far, or no dataset there (set-up says so)
+    then = started.get("dataset_tokens_sha256") if isinstance(started, dict) else None
     if then and now and then != now:
         raise UserError(
             f"run_dir {run_dir} started on the dataset at {started.get('dataset')} (tokens sha256 "
-            f"{then[:12]}), but {info['dataset']} holds other tokens ({now[:12]}); point "
-            "data.dataset at the run's dataset, or use a new run_dir"
+            f"{then[:12]}), but {dataset} holds other tokens ({now[:12]}); point data.dataset "
+            "at the run's dataset, or use a new run_dir"
         )
 
 
@@ -128,12 +124,18 @@ def train(cfg: Config) -> dict:
     """Train (or resume) the run described by `cfg`; returns a summary dict."""
     is_main = jax.process_index() == 0
     fresh = not Path(cfg.run_dir).exists()
-    run_dir = check_run_dir(cfg)
-    never_started = not fresh and {p.name for p in run_dir.iterdir()} <= {CONFIG_FILE}
-    if is_main:
+    never_started = False
+    if is_main:  # process 0 checks and prepares the run dir while the others wait
+        if (Path(cfg.run_dir) / CONFIG_FILE).is_file():
+            _remove_temporaries(Path(cfg.run_dir))  # a killed set-up's, before the checks
+        run_dir = check_run_dir(cfg)
+        never_started = not fresh and {p.name for p in run_dir.iterdir()} <= {CONFIG_FILE}
         if fresh or never_started:  # a set-up killed outright (SIGKILL) is then resumed
             save_run_config(cfg)
-        _remove_temporaries(run_dir)
+        _check_same_dataset(run_dir, cfg)
+    barrier("run-dir-ready")
+    if not is_main:
+        run_dir = check_run_dir(cfg)
     parts = []  # what set-up opened, closed again if it fails
     try:
         session = open_session(cfg, run_dir)
@@ -149,7 +151,6 @@ def train(cfg: Config) -> dict:
             else None
         )
         parts.append(best)
-        _check_same_dataset(run_dir, session.run_info())
         if is_main:
             save_run_config(cfg)  # a resume's changes (eval sets, cadences) once set-up passed
             atomic_write_json(
@@ -172,12 +173,14 @@ def train(cfg: Config) -> dict:
             start = 0
         else:
             start = int(jax.device_get(state["step"]))
-    except BaseException:
+    except BaseException as e:
         for part in parts:
             if part is not None:
                 with suppress(Exception):
                     part.close()
-        if is_main:  # bad input found during set-up: leave the run dir as it was
+        # bad input (or Ctrl-C) found during set-up: leave the run dir as it was; a preemption
+        # (SIGTERM) keeps what set-up finished, for the same command to go on from
+        if is_main and not isinstance(e, Terminated):
             _undo_setup(run_dir, fresh, never_started)
         raise
     writer.truncate_after(start)
@@ -329,8 +332,8 @@ def train(cfg: Config) -> dict:
     summary["end_step"] = step
     if best and best.best_step() is not None:
         summary["best"] = {"step": best.best_step(), best.eval_set: {"loss": best.best_loss}}
-    if step == total:  # a signal during the last step stops nothing: the run is finished
-        stopped_by = None
+    if step == total and stopped_by:  # a signal during the last step stops nothing: the run is
+        summary["late_signal"], stopped_by = stopped_by, None  # finished (train_cmd: see there)
     summary["status"] = f"stopped by {stopped_by}" if stopped_by else "complete"
     if (
         step == total and is_main

@@ -1,6 +1,6 @@
 """SIGTERM (a scheduler's preemption, `kill`) outside the training loop: every command stops
 with status 143 and removes what it had half written; a run stopped in set-up, by SIGTERM or
-by SIGKILL, is started again by the same command."""
+by SIGKILL, keeps what set-up finished and is started again by the same command."""
 
 from __future__ import annotations
 
@@ -48,14 +48,15 @@ def test_a_run_stopped_in_set_up_is_started_again_by_the_same_command(
     wait_for_hang(proc)
     proc.send_signal(sig)
     stopped = finish(proc)
-    if sig == signal.SIGTERM:  # cleaned up: nothing of the run is left
+    assert (run_dir / "config.yaml").is_file()  # the same command goes on from what is done
+    temporaries = [p.name for p in run_dir.iterdir() if ".tmp-" in p.name]
+    if sig == signal.SIGTERM:  # a preemption: the half-written set is removed at once
         assert stopped.returncode == 143, stopped.stderr[-2000:]
         assert "terminated (SIGTERM)" in stopped.stderr.strip().splitlines()[-1]
-        assert not run_dir.exists()
-    else:  # killed outright: the saved config lets the same command go on
+        assert not temporaries
+    else:  # killed outright: the rerun removes what the kill left
         assert stopped.returncode == -signal.SIGKILL
-        assert (run_dir / "config.yaml").is_file()
-        assert any(p.name.startswith(".fgrams.tmp-") for p in run_dir.iterdir())
+        assert [t.startswith(".fgrams.tmp-") for t in temporaries] == [True]
     again = finish(faulty_cli(scone_train(markov_dataset.path, run_dir), devices=1))
     assert again.returncode == 0, again.stderr[-2000:]
     assert (run_dir / FINAL_EVAL_FILE).is_file()

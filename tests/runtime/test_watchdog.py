@@ -9,6 +9,7 @@ import threading
 import pytest
 
 import scone_jax.runtime.watchdog as watchdog_module
+from scone_jax.errors import Terminated, UserError
 from scone_jax.runtime.watchdog import KV_PREFIX, PeerMonitor, Watchdog
 
 
@@ -103,3 +104,17 @@ def test_a_runtime_error_of_its_own_is_published_while_the_peer_beats(watchdog):
     assert watchdog.client.kv[f"{KV_PREFIX}/failed/0"] == (
         "JaxRuntimeError: INTERNAL: gloo: Connection reset by peer"
     )
+
+
+@pytest.mark.parametrize(
+    "exc, code",
+    [
+        (Terminated(), 143),  # SIGTERM: the exit status a shell expects, also under the watchdog
+        (KeyboardInterrupt(), 130),
+        (UserError("bad"), 2),
+        (SystemExit(7), 7),
+        (RuntimeError("bug"), 1),
+    ],
+)
+def test_a_failure_ends_the_process_with_its_own_exit_status(exc, code):
+    assert watchdog_module._exit_code(exc) == code
