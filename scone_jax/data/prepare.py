@@ -9,6 +9,11 @@ from scone_jax.data.dataset import META_FILE, TokenizedDataset
 from scone_jax.data.tokenize import build_dataset
 
 
+def dataset_path(cfg: DataConfig, run_dir: str | Path) -> Path:
+    """Where a run's dataset is: `data.dataset`, or RUN_DIR/dataset."""
+    return Path(cfg.dataset) if cfg.dataset else Path(run_dir) / "dataset"
+
+
 def prepare_dataset(
     cfg: DataConfig, run_dir: str | Path, progress: bool = True
 ) -> TokenizedDataset:
@@ -16,7 +21,7 @@ def prepare_dataset(
     it)."""
     if cfg.dataset:
         return TokenizedDataset.open(cfg.dataset)
-    out = Path(run_dir) / "dataset"
+    out = dataset_path(cfg, run_dir)
     if (out / META_FILE).is_file():
         return TokenizedDataset.open(out)
     return build_dataset(cfg, out, progress=progress)

@@ -36,6 +36,8 @@ from scone_jax.artifacts.run_dir import (
 )
 from scone_jax.atomic import atomic_write_json
 from scone_jax.config import Config
+from scone_jax.data.dataset import META_FILE
+from scone_jax.data.prepare import dataset_path
 from scone_jax.errors import Terminated, UserError
 from scone_jax.metrics.flops import peak_flops
 from scone_jax.metrics.writers import MetricsWriter
@@ -81,19 +83,23 @@ def _remove_temporaries(run_dir: Path) -> None:
     """What a killed process left half-written in the run dir (`.NAME.tmp-*`: atomic_dir and
     atomic_write's temporaries); train holds the run dir's lock, and its peers wait."""
     for path in run_dir.glob(".*.tmp-*"):
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        _remove(path)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _check_same_dataset(run_dir: Path, cfg: Config) -> None:
     """A resumed run must read the tokens it started on: data.dataset may name another path
     (a moved copy), not other text. Checked before set-up, which would tag the other text."""
-    dataset = Path(cfg.data.dataset) if cfg.data.dataset else run_dir / "dataset"
+    dataset = dataset_path(cfg.data, run_dir)
     try:
         started = json.loads((run_dir / RUN_INFO_FILE).read_text())
-        now = json.loads((dataset / "meta.json").read_text()).get("tokens_sha256")
+        now = json.loads((dataset / META_FILE).read_text()).get("tokens_sha256")
     except (OSError, ValueError, AttributeError):
         return  # a run that never got this far, or no dataset there (set-up says so)
     then = started.get("dataset_tokens_sha256") if isinstance(started, dict) else None
@@ -112,12 +118,8 @@ def _undo_setup(run_dir: Path, fresh: bool, never_started: bool) -> None:
         shutil.rmtree(run_dir, ignore_errors=True)
     elif never_started:
         for path in run_dir.iterdir():
-            if path.name == CONFIG_FILE:
-                continue
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
+            if path.name != CONFIG_FILE:
+                _remove(path)
 
 
 def train(cfg: Config) -> dict:
