@@ -62,8 +62,10 @@ def make_dataset(path: Path, docs, vocab: int, tokenizer_sha256: str = "t" * 64)
 
 @pytest.fixture
 def rng(request):
-    seed = int(np.random.SeedSequence().entropy % (2**32))
-    print(f"random seed for {request.node.name}: {seed}")
+    """Fresh random inputs each run; SCONE_TEST_SEED=<printed seed> replays a run's."""
+    replay = os.environ.get("SCONE_TEST_SEED")
+    seed = int(replay) if replay else int(np.random.SeedSequence().entropy % (2**32))
+    print(f"random seed for {request.node.name}: {seed} (replay: SCONE_TEST_SEED={seed})")
     return np.random.default_rng(seed)
 
 

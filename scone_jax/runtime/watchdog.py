@@ -11,6 +11,11 @@ A collective that fails because a peer died (gloo: "Connection reset by peer") r
 error at once; from then on a peer silent for `AFTER_ERROR_S` (not the whole peer timeout) is
 lost, since a live peer beats every second. The process then ends within seconds of the death,
 with the one line on the terminal and the error's traceback in a file (`log_dir`).
+
+A peer killed while this process waits outside a collective (a coordination barrier, such as
+orbax's around a checkpoint save) raises nothing here; a peer silent for `PROBE_AFTER_S` whose
+liveness port refuses connections is dead (runtime/liveness.py), so that case too ends within
+seconds. A peer that is silent but alive (paused, starved) is lost after the peer timeout.
 """
 
 from __future__ import annotations
@@ -21,23 +26,27 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from scone_jax.errors import Terminated, UserError
+from scone_jax.runtime.liveness import LivenessPort, PortProbe
 
 PEER_LOST_EXIT_CODE = 75  # EX_TEMPFAIL: rerun the job to resume from the last checkpoint
 KV_PREFIX = "scone_jax/watchdog"
 # the silence that loses a peer once a collective has failed (capped at the peer timeout)
 AFTER_ERROR_S = 5.0
+# the silence after which a peer's liveness port is asked whether the peer is dead
+PROBE_AFTER_S = 2.0
 
 
 class PeerMonitor:
     """Decides, from snapshots of the watchdog's key-value directory, whether a peer is lost.
 
-    A peer is lost when it reported a failure, or when its heartbeat counter has not changed
-    for `timeout_s` of this process's own clock (no clock is compared across hosts). A peer
-    that announced a normal exit is no longer watched.
+    A peer is lost when it reported a failure, when its heartbeat counter has not changed for
+    `timeout_s` of this process's own clock (no clock is compared across hosts), or when it is
+    silent and a probe finds its process dead. A peer that announced a normal exit is no longer
+    watched.
     """
 
     def __init__(self, process_id: int, num_processes: int, timeout_s: float, now: float):
@@ -57,27 +66,40 @@ class PeerMonitor:
         )
 
     def observe(
-        self, entries: Mapping[str, str], now: float, limit_s: float | None = None
+        self,
+        entries: Mapping[str, str],
+        now: float,
+        limit_s: float | None = None,
+        find_gone: Callable[[list[int], list[int]], set[int]] | None = None,
     ) -> str | None:
         """One line naming the lost peer, or None while every peer is fine; a peer is lost after
-        `limit_s` of silence (default: the timeout)."""
+        `limit_s` of silence (default: the timeout), or as soon as `find_gone(beating, silent)`
+        (given the peers beating and those silent for `PROBE_AFTER_S`) says it is dead."""
         limit_s = self.timeout_s if limit_s is None else limit_s
         looked_before, self._looked_at = self._looked_at, now
         for p in self.peers:
             failed = entries.get(f"{KV_PREFIX}/failed/{p}")
             if failed is not None:
                 return f"process {p} of {self.num_processes} failed ({failed})"
-        for p in self.peers:
-            if f"{KV_PREFIX}/exiting/{p}" in entries:
-                continue
+        watched = [p for p in self.peers if f"{KV_PREFIX}/exiting/{p}" not in entries]
+        for p in watched:
             beat = entries.get(f"{KV_PREFIX}/beat/{p}")
-            last_beat, since = self._last[p]
-            if beat != last_beat:
+            if beat != self._last[p][0]:
                 self._last[p], self._beat_after[p] = (beat, now), looked_before
-            elif now - since > limit_s:
+        silent = [p for p in watched if now - self._last[p][1] >= PROBE_AFTER_S]
+        beating = [p for p in watched if p not in silent]
+        gone = find_gone(beating, silent) if find_gone is not None and watched else set()
+        for p in watched:
+            silence = now - self._last[p][1]
+            if p in gone:
+                return (
+                    f"process {p} of {self.num_processes} is gone (no heartbeat for "
+                    f"{silence:.0f}s and its liveness port refuses connections)"
+                )
+            if silence > limit_s:
                 return (
                     f"process {p} of {self.num_processes} is lost (no heartbeat for "
-                    f"{now - since:.0f}s, limit {limit_s:g}s)"
+                    f"{silence:.0f}s, limit {limit_s:g}s)"
                 )
         return None
 
@@ -107,9 +129,22 @@ class Watchdog:
         # a runtime error, not yet published: (exit code, line, when, the exception)
         self._pending: tuple[int, str, float, BaseException] | None = None
         self._thread = threading.Thread(target=self._run, name="scone-jax-watchdog", daemon=True)
+        self._port: LivenessPort | None = None
+        self._probe = PortProbe()
 
     def start(self) -> None:
         self._set("beat", "0")
+        try:
+            self._port = LivenessPort(self.coordinator)
+        except OSError as e:
+            print(
+                f"scone-jax: no liveness port on process {self.process_id} ({e}); its peers find "
+                f"it dead by the peer timeout ({self.timeout_s:g}s) alone",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            self._set("port", self._port.address)
         self._thread.start()
         atexit.register(
             self._at_exit
@@ -121,9 +156,18 @@ class Watchdog:
         )
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        finally:
+            if self._port is not None:
+                self._port.close()
+
+    def _watch(self) -> None:
         beat = 0
         while not self._stop.wait(self.interval_s):
             beat += 1
+            if self._port is not None:
+                self._port.drain()
             try:
                 self._set("beat", str(beat))
                 entries = dict(self.client.key_value_dir_get(f"{KV_PREFIX}/"))
@@ -137,9 +181,11 @@ class Watchdog:
                 return
             if self._failed_code is not None:
                 continue  # this process is already on its way out; it only keeps the heartbeat
+            for p in self.monitor.peers:
+                self._probe.learn(p, entries.get(f"{KV_PREFIX}/port/{p}"))
             pending = self._pending
             limit = min(self.timeout_s, AFTER_ERROR_S) if pending else None
-            verdict = self.monitor.observe(entries, time.monotonic(), limit)
+            verdict = self.monitor.observe(entries, time.monotonic(), limit, self._probe.gone)
             if verdict:
                 self._die(verdict + (", after a collective failed" if pending else ""))
             if pending is not None and self.monitor.all_alive_since(pending[2], entries):

@@ -10,6 +10,8 @@ Joins through `scone_jax.runtime.distributed.initialize()` (SCONE_* environment)
   alone or as the others die;
 - `barrier-fail P`: process P fails while the others wait at a `distributed.barrier` (as they
   do while process 0 tokenizes the corpus);
+- `barrier-hang P`: process P never comes to a `distributed.barrier` the others wait at (the
+  test kills it there);
 - `agreed-checkpoint RUN_DIR`: every process resolves the run's latest checkpoint, process 1
   seeing a step one interval newer (as when training commits one between two looks).
 Prints `PID p PROCESS i` and `STEP k` lines so the test can tell where the job is.
@@ -116,6 +118,11 @@ def main() -> None:
             if distributed.initialize().process_id == int(sys.argv[2]):
                 time.sleep(1)
                 raise RuntimeError("injected failure before the barrier")
+            distributed.barrier("test")
+        elif mode == "barrier-hang":
+            if distributed.initialize().process_id == int(sys.argv[2]):
+                print("HANGING", flush=True)
+                time.sleep(600)
             distributed.barrier("test")
         else:
             raise SystemExit(f"unknown mode {mode}")

@@ -1,7 +1,8 @@
 """A lost peer ends the job in seconds: in a real 2-process training job (launch/local.py) whose
-process 1 is killed with SIGKILL, process 0's next collective fails at once, and process 0 ends
-within 15 s of the kill, under the default 60 s peer timeout, with one line naming the lost
-process and exit 75; no traceback on the terminal, the traceback in RUN_DIR/logs/."""
+process 1 is killed with SIGKILL at a random step (some are checkpoint steps, where process 0
+may wait at orbax's barrier rather than in a collective), process 0 ends within 15 s of the
+kill, under the default 60 s peer timeout, with one line naming the lost process and exit 75;
+no traceback on the terminal (a failed collective's is in RUN_DIR/logs/)."""
 
 from __future__ import annotations
 
@@ -44,13 +45,19 @@ def test_a_peer_killed_mid_training_ends_the_survivor_within_seconds(markov_data
     said = [line for line in job.lines if line.startswith("[p0] scone-jax: process 1 of 2")]
     assert len(said) == 1, job.output[-3000:]
     logged = run / "logs" / "traceback.process_0.txt"
-    assert re.fullmatch(
-        r"\[p0\] scone-jax: process 1 of 2 is lost \(no heartbeat for \d+s, limit 5s\), after a "
-        r"collective failed; stopping process 0\. Rerun the job to resume .*\. This process's "
-        rf"traceback: {re.escape(str(logged))}",
+    # process 0 was in a collective (which failed) or at orbax's barrier around a checkpoint
+    # save (where nothing fails); either way the dead peer's port, or its silence after the
+    # failed collective, ends it
+    found = re.fullmatch(
+        r"\[p0\] scone-jax: process 1 of 2 is (?:gone \(no heartbeat for \d+s and its liveness "
+        r"port refuses connections\)|lost \(no heartbeat for \d+s, limit 5s\))(?P<error>, after "
+        r"a collective failed)?; stopping process 0\. Rerun the job to resume .*\."
+        rf"(?(error) This process's traceback: {re.escape(str(logged))}|)",
         said[0],
-    ), said[0]
-    assert logged.read_text().startswith("Traceback (most recent call last)")
+    )
+    assert found, said[0]
+    if found["error"]:
+        assert logged.read_text().startswith("Traceback (most recent call last)")
     lock = ArtifactLock(run, "run_dir", "rerun")
     lock.acquire()  # the job that ended holds nothing
     lock.release()

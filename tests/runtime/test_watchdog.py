@@ -10,7 +10,8 @@ import pytest
 
 import scone_jax.runtime.watchdog as watchdog_module
 from scone_jax.errors import Terminated, UserError
-from scone_jax.runtime.watchdog import KV_PREFIX, PeerMonitor, Watchdog
+from scone_jax.runtime.liveness import LivenessPort
+from scone_jax.runtime.watchdog import KV_PREFIX, PROBE_AFTER_S, PeerMonitor, Watchdog
 
 
 class JaxRuntimeError(RuntimeError):
@@ -67,6 +68,49 @@ def test_the_short_limit_applies_when_asked():
     assert m.observe(beat, now=5.0, limit_s=3.0) == (
         "process 1 of 2 is lost (no heartbeat for 4s, limit 3s)"
     )
+
+
+def test_a_silent_peer_is_gone_as_soon_as_the_probe_says_so():
+    m = PeerMonitor(process_id=0, num_processes=3, timeout_s=60, now=0.0)
+    asked = []
+
+    def find_gone(beating, silent):
+        asked.append((beating, silent))
+        return set(silent) & {2}
+
+    beats = {f"{KV_PREFIX}/beat/1": "1", f"{KV_PREFIX}/beat/2": "1"}
+    assert m.observe(beats, now=1.0, find_gone=find_gone) is None
+    beats[f"{KV_PREFIX}/beat/1"] = "2"  # peer 1 beats on, peer 2 falls silent
+    assert m.observe(beats, now=1.0 + PROBE_AFTER_S, find_gone=find_gone) == (
+        "process 2 of 3 is gone (no heartbeat for 2s and its liveness port refuses connections)"
+    )
+    assert asked == [([1, 2], []), ([1], [2])]
+
+
+def test_a_silent_peer_the_probe_finds_alive_is_lost_after_the_timeout():
+    m = PeerMonitor(process_id=0, num_processes=2, timeout_s=10, now=0.0)
+    beat = {f"{KV_PREFIX}/beat/1": "1"}
+    assert m.observe(beat, now=1.0, find_gone=lambda b, s: set()) is None
+    assert m.observe(beat, now=9.0, find_gone=lambda b, s: set()) is None
+    assert m.observe(beat, now=12.0, find_gone=lambda b, s: set()) == (
+        "process 1 of 2 is lost (no heartbeat for 11s, limit 10s)"
+    )
+
+
+def test_a_peer_that_dies_while_this_process_waits_is_found_by_its_port(watchdog):
+    """No collective fails (this process waits at a barrier, say): the port, not the 60 s
+    timeout, finds the dead peer."""
+    port = LivenessPort("localhost:1")
+    watchdog.client.kv[f"{KV_PREFIX}/port/1"] = port.address
+    for beat in range(1, 4):  # beats long enough for the watchdog to trust its port
+        watchdog.client.kv[f"{KV_PREFIX}/beat/1"] = str(beat)
+        threading.Event().wait(1.0)
+    assert watchdog._probe.trusted == {1}
+    port.close()  # the process is gone, and its heartbeat with it
+    assert watchdog.ended.wait(20), "no verdict 20 s after the peer died (the peer timeout: 60 s)"
+    [(verdict, logged)] = watchdog.verdicts
+    assert verdict.startswith("process 1 of 2 is gone (no heartbeat for ")
+    assert logged is None  # no error of this process's own to log
 
 
 def test_a_runtime_error_with_a_silent_peer_names_it_after_the_short_limit(watchdog):

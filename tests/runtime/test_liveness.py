@@ -1,0 +1,102 @@
+"""The liveness port tells a dead process from a silent one: a live process's port answers even
+while the process is stopped, a killed one's refuses; a port is trusted only once it answered
+while its peer was beating."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from scone_jax.runtime import liveness
+from scone_jax.runtime.liveness import ALIVE, GONE, UNKNOWN, LivenessPort, PortProbe, probe
+
+HOLD_A_PORT = (
+    "import sys, time\n"
+    "from scone_jax.runtime.liveness import LivenessPort\n"
+    "port = LivenessPort('localhost:1')\n"
+    "print(port.address, flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def closed_port_address() -> str:
+    """The address of a port nothing listens on (one just released)."""
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]
+    return f"{port} 127.0.0.1"
+
+
+@pytest.fixture
+def port_process():
+    """A separate process holding a liveness port; (its Popen, its address)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_A_PORT], stdout=subprocess.PIPE, text=True)
+    address = proc.stdout.readline().strip()
+    yield proc, address
+    proc.kill()
+    proc.wait()
+
+
+def test_the_port_is_on_the_route_to_the_coordinator():
+    assert liveness.local_address("localhost:1234")[1] in ("127.0.0.1", "::1")
+    assert liveness.local_address("127.0.0.1:5") == (socket.AF_INET, "127.0.0.1")
+
+
+def test_a_live_port_answers_and_a_closed_one_refuses():
+    port = LivenessPort("127.0.0.1:1")
+    try:
+        found = probe({1: port.address, 2: closed_port_address()})
+    finally:
+        port.close()
+    assert found == {1: ALIVE, 2: GONE}
+
+
+def test_a_stopped_process_is_alive_and_a_killed_one_gone(port_process):
+    proc, address = port_process
+    os.kill(proc.pid, signal.SIGSTOP)  # silent, like a starved or paused peer
+    try:
+        assert probe({1: address}) == {1: ALIVE}
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    proc.kill()
+    proc.wait()
+    assert probe({1: address}) == {1: GONE}
+
+
+def test_draining_keeps_a_port_answering_past_its_backlog():
+    port = LivenessPort("127.0.0.1:1")
+    try:
+        for round_ in range(3 * liveness.BACKLOG // 100):
+            for _ in range(100):
+                assert probe({1: port.address}) == {1: ALIVE}, f"round {round_}"
+            port.drain()
+    finally:
+        port.close()
+
+
+def test_no_answer_proves_nothing():
+    # a listener whose accept queue is full: the kernel drops new connections unanswered, as a
+    # lost host or a firewall that drops packets would
+    full = socket.create_server(("127.0.0.1", 0), backlog=0)
+    address = f"{full.getsockname()[1]} 127.0.0.1"
+    try:
+        found = [probe({1: address}, wait_s=0.2)[1] for _ in range(6)]  # each fills the queue
+    finally:
+        full.close()
+    assert found[0] == ALIVE and found[-1] == UNKNOWN and GONE not in found, found
+
+
+def test_only_a_trusted_port_can_declare_its_peer_gone():
+    live = LivenessPort("127.0.0.1:1")
+    refusing = closed_port_address()  # like a firewall that rejects connections
+    ports = PortProbe()
+    ports.learn(1, live.address)
+    ports.learn(2, refusing)
+    assert ports.gone(beating=[1, 2], silent=[]) == set()
+    assert ports.trusted == {1}
+    live.close()  # peer 1 dies; peer 2 falls silent, its port refusing as it always did
+    assert ports.gone(beating=[], silent=[1, 2]) == {1}
