@@ -19,6 +19,7 @@ from collections.abc import Iterable
 BACKLOG = 1024  # connections the kernel completes while the owner's thread is starved
 PROBE_WAIT_S = 0.3  # how long one round of probes waits for answers
 TRUST_TRIES = 3  # rounds without an answer before a beating peer's port is given up on
+TRUST_PER_ROUND = 64  # ports asked for trust per round: bounds sockets and each port's queue
 
 ALIVE, GONE, UNKNOWN = "alive", "gone", "unknown"
 
@@ -85,9 +86,12 @@ def probe(addresses: dict[int, str], wait_s: float = PROBE_WAIT_S) -> dict[int, 
 class PortProbe:
     """Which silent peers are certainly dead. A peer's port is trusted once it answered while the
     peer was beating; a port that refused then (a firewall that rejects) or stayed silent for
-    `TRUST_TRIES` rounds is never asked again, and its peer is left to the heartbeat timeout."""
+    `TRUST_TRIES` rounds is never asked again, and its peer is left to the heartbeat timeout.
+    Each round asks at most `TRUST_PER_ROUND` ports for trust, those of the peers next after
+    this process first, so that in a large job each port gets few connections at a time."""
 
-    def __init__(self):
+    def __init__(self, process_id: int, num_processes: int):
+        self.process_id, self.num_processes = process_id, num_processes
         self.addresses: dict[int, str] = {}
         self.trusted: set[int] = set()
         self._tries: dict[int, int] = {}
@@ -100,9 +104,11 @@ class PortProbe:
     def gone(self, beating: Iterable[int], silent: Iterable[int]) -> set[int]:
         """Probe the untrusted ports of peers still `beating` (to trust them) and the trusted
         ports of `silent` ones; the silent peers whose trusted port refused."""
-        to_trust = {
+        untrusted = [
             p for p in beating if p in self.addresses and p not in self.trusted and self._usable(p)
-        }
+        ]
+        untrusted.sort(key=lambda p: (p - self.process_id) % self.num_processes)
+        to_trust = set(untrusted[:TRUST_PER_ROUND])
         to_check = {p for p in silent if p in self.trusted}
         if not to_trust and not to_check:
             return set()

@@ -130,7 +130,7 @@ class Watchdog:
         self._pending: tuple[int, str, float, BaseException] | None = None
         self._thread = threading.Thread(target=self._run, name="scone-jax-watchdog", daemon=True)
         self._port: LivenessPort | None = None
-        self._probe = PortProbe()
+        self._probe = PortProbe(process_id, num_processes)
 
     def start(self) -> None:
         self._set("beat", "0")

@@ -93,10 +93,29 @@ def test_no_answer_proves_nothing():
 def test_only_a_trusted_port_can_declare_its_peer_gone():
     live = LivenessPort("127.0.0.1:1")
     refusing = closed_port_address()  # like a firewall that rejects connections
-    ports = PortProbe()
+    ports = PortProbe(0, 3)
     ports.learn(1, live.address)
     ports.learn(2, refusing)
     assert ports.gone(beating=[1, 2], silent=[]) == set()
     assert ports.trusted == {1}
     live.close()  # peer 1 dies; peer 2 falls silent, its port refusing as it always did
     assert ports.gone(beating=[], silent=[1, 2]) == {1}
+
+
+def test_a_round_asks_few_ports_for_trust_nearest_after_this_process_first(monkeypatch):
+    asked = []
+
+    def record(addresses, wait_s=0.0):
+        asked.append(sorted(addresses))
+        return {p: ALIVE for p in addresses}
+
+    monkeypatch.setattr(liveness, "probe", record)
+    ports = PortProbe(process_id=150, num_processes=200)
+    for p in range(200):
+        if p != 150:
+            ports.learn(p, f"{1000 + p} 127.0.0.1")
+    peers = [p for p in range(200) if p != 150]
+    assert ports.gone(beating=peers, silent=[]) == set()
+    assert asked[0] == list(range(0, 15)) + list(range(151, 200))  # 64: from 151 on, wrapping
+    ports.gone(beating=peers, silent=[])
+    assert asked[1] == list(range(15, 79))
