@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import select
 import socket
+import time
 from collections.abc import Iterable
 
 BACKLOG = 1024  # connections the kernel completes while the owner's thread is starved
@@ -62,8 +63,10 @@ def probe(addresses: dict[int, str], wait_s: float = PROBE_WAIT_S) -> dict[int, 
     found = {peer: UNKNOWN for peer in addresses}
     for peer, address in addresses.items():
         port, host = address.split(" ", 1)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        s = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        except OSError:  # out of descriptors, no such family here: no answer
+            continue
         s.setblocking(False)
         code = s.connect_ex((host, int(port)))
         if code in (0, errno.EINPROGRESS):
@@ -71,9 +74,16 @@ def probe(addresses: dict[int, str], wait_s: float = PROBE_WAIT_S) -> dict[int, 
             continue
         found[peer] = GONE if code == errno.ECONNREFUSED else UNKNOWN
         s.close()
-    if pending:
-        _, answered, _ = select.select([], list(pending), [], wait_s)
-        for s in answered:
+    # poll, not select: a training process may hold more than select's 1024 descriptors
+    poller = select.poll()
+    waiting = {s.fileno(): s for s in pending}
+    for fd in waiting:
+        poller.register(fd, select.POLLOUT)
+    deadline = time.monotonic() + wait_s
+    while waiting and (left := deadline - time.monotonic()) > 0:
+        for fd, _ in poller.poll(left * 1000):
+            s = waiting.pop(fd)
+            poller.unregister(fd)
             code = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             found[pending[s]] = (
                 ALIVE if code == 0 else GONE if code == errno.ECONNREFUSED else UNKNOWN

@@ -55,6 +55,19 @@ def test_a_live_port_answers_and_a_closed_one_refuses():
     assert found == {1: ALIVE, 2: GONE}
 
 
+def test_one_round_answers_for_every_port(rng):
+    ports = [LivenessPort("127.0.0.1:1") for _ in range(40)]
+    dead = set(rng.choice(40, 15, replace=False).tolist())
+    try:
+        for i in dead:
+            ports[i].close()
+        found = probe({i: port.address for i, port in enumerate(ports)})
+    finally:
+        for port in ports:
+            port.close()
+    assert found == {i: GONE if i in dead else ALIVE for i in range(40)}
+
+
 def test_a_stopped_process_is_alive_and_a_killed_one_gone(port_process):
     proc, address = port_process
     os.kill(proc.pid, signal.SIGSTOP)  # silent, like a starved or paused peer
