@@ -131,12 +131,13 @@ class Watchdog:
         self._thread = threading.Thread(target=self._run, name="scone-jax-watchdog", daemon=True)
         self._port: LivenessPort | None = None
         self._probe = PortProbe(process_id, num_processes)
+        self._probe_failed = False
 
     def start(self) -> None:
         self._set("beat", "0")
         try:
             self._port = LivenessPort(self.coordinator)
-        except OSError as e:
+        except (OSError, UnicodeError) as e:
             print(
                 f"scone-jax: no liveness port on process {self.process_id} ({e}); its peers find "
                 f"it dead by the peer timeout ({self.timeout_s:g}s) alone",
@@ -156,13 +157,6 @@ class Watchdog:
         )
 
     def _run(self) -> None:
-        try:
-            self._watch()
-        finally:
-            if self._port is not None:
-                self._port.close()
-
-    def _watch(self) -> None:
         beat = 0
         while not self._stop.wait(self.interval_s):
             beat += 1
@@ -185,13 +179,29 @@ class Watchdog:
                 self._probe.learn(p, entries.get(f"{KV_PREFIX}/port/{p}"))
             pending = self._pending
             limit = min(self.timeout_s, AFTER_ERROR_S) if pending else None
-            verdict = self.monitor.observe(entries, time.monotonic(), limit, self._probe.gone)
+            verdict = self.monitor.observe(entries, time.monotonic(), limit, self._find_gone)
             if verdict:
                 self._die(verdict + (", after a collective failed" if pending else ""))
             if pending is not None and self.monitor.all_alive_since(pending[2], entries):
                 self._publish(
                     pending[0], pending[1]
                 )  # every peer is alive: the error was this process's own
+
+    def _find_gone(self, beating: list[int], silent: list[int]) -> set[int]:
+        """The probe's dead peers; a probe that fails (a bug, the host out of descriptors) finds
+        none rather than stopping the heartbeat, which would make this process look dead."""
+        try:
+            return self._probe.gone(beating, silent)
+        except Exception as e:  # noqa: BLE001
+            if not self._probe_failed:
+                self._probe_failed = True
+                print(
+                    f"scone-jax: process {self.process_id}'s liveness probe failed ({e!r}); "
+                    "a dead peer is found by the peer timeout",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return set()
 
     def _die(self, verdict: str) -> None:
         try:

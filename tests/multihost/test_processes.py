@@ -43,6 +43,7 @@ def test_a_killed_peer_is_found_dead_by_its_port():
     job = worker_job(2, "hang", env=FAST)
     victim = job.pid(1)
     job.wait_for(r"^\[p0\] STEP 10$")
+    time.sleep(3)  # a port is trusted once it answered while its process beat (the first beats)
     os.kill(victim, signal.SIGKILL)
     job.finish(60)
     job.wait_for(

@@ -44,6 +44,22 @@ def port_process():
 def test_the_port_is_on_the_route_to_the_coordinator():
     assert liveness.local_address("localhost:1234")[1] in ("127.0.0.1", "::1")
     assert liveness.local_address("127.0.0.1:5") == (socket.AF_INET, "127.0.0.1")
+    assert liveness.local_address("127.0.1.1:5") == (socket.AF_INET, "127.0.0.1")
+
+
+def test_a_coordinator_hostname_that_is_loopback_here_takes_the_default_routes_address(
+    monkeypatch,
+):
+    """Debian maps a host's own name to 127.0.1.1: the peers on other hosts cannot reach that."""
+    routes = {"127.0.1.1": "127.0.0.1", liveness.DEFAULT_ROUTE[socket.AF_INET][0]: "10.1.2.3"}
+    monkeypatch.setattr(
+        socket, "getaddrinfo", lambda *a, **k: [(socket.AF_INET, 0, 0, "", ("127.0.1.1", 9))]
+    )
+    monkeypatch.setattr(liveness, "_route_source", lambda family, target: routes[target[0]])
+    assert liveness.local_address("node0:1234") == (socket.AF_INET, "10.1.2.3")
+    routes[liveness.DEFAULT_ROUTE[socket.AF_INET][0]] = "127.0.0.1"  # no route out of this host
+    with pytest.raises(OSError, match="no address but loopback for the coordinator host 'node0'"):
+        liveness.local_address("node0:1234")
 
 
 def test_a_live_port_answers_and_a_closed_one_refuses():
@@ -53,6 +69,13 @@ def test_a_live_port_answers_and_a_closed_one_refuses():
     finally:
         port.close()
     assert found == {1: ALIVE, 2: GONE}
+
+
+def test_a_malformed_or_unusable_address_is_no_answer():
+    assert liveness.parse_address("12 10.0.0.1") == ("10.0.0.1", 12)
+    for bad in ("not a port", "70000 10.0.0.1", "12 node0", "12", "12 fe80::1%eth0"):
+        assert liveness.parse_address(bad) is None, bad
+    assert probe({1: "12 fe80::1%eth0", 2: "x"}) == {1: UNKNOWN, 2: UNKNOWN}
 
 
 def test_one_round_answers_for_every_port(rng):

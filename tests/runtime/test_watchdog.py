@@ -10,7 +10,7 @@ import pytest
 
 import scone_jax.runtime.watchdog as watchdog_module
 from scone_jax.errors import Terminated, UserError
-from scone_jax.runtime.liveness import LivenessPort
+from scone_jax.runtime.liveness import ALIVE, LivenessPort, probe
 from scone_jax.runtime.watchdog import KV_PREFIX, PROBE_AFTER_S, PeerMonitor, Watchdog
 
 
@@ -51,6 +51,8 @@ def watchdog(monkeypatch, tmp_path):
     dog.start()
     yield dog
     dog._stop.set()
+    dog._thread.join()
+    dog._port.close()  # a process's exit closes it
 
 
 def failing_collective() -> JaxRuntimeError:
@@ -101,16 +103,59 @@ def test_a_peer_that_dies_while_this_process_waits_is_found_by_its_port(watchdog
     """No collective fails (this process waits at a barrier, say): the port, not the 60 s
     timeout, finds the dead peer."""
     port = LivenessPort("localhost:1")
-    watchdog.client.kv[f"{KV_PREFIX}/port/1"] = port.address
-    for beat in range(1, 4):  # beats long enough for the watchdog to trust its port
-        watchdog.client.kv[f"{KV_PREFIX}/beat/1"] = str(beat)
-        threading.Event().wait(1.0)
-    assert watchdog._probe.trusted == {1}
-    port.close()  # the process is gone, and its heartbeat with it
+    try:
+        watchdog.client.kv[f"{KV_PREFIX}/port/1"] = port.address
+        for beat in range(1, 4):  # beats long enough for the watchdog to trust its port
+            watchdog.client.kv[f"{KV_PREFIX}/beat/1"] = str(beat)
+            threading.Event().wait(1.0)
+        assert watchdog._probe.trusted == {1}
+    finally:
+        port.close()  # the process is gone, and its heartbeat with it
     assert watchdog.ended.wait(20), "no verdict 20 s after the peer died (the peer timeout: 60 s)"
     [(verdict, logged)] = watchdog.verdicts
     assert verdict.startswith("process 1 of 2 is gone (no heartbeat for ")
     assert logged is None  # no error of this process's own to log
+
+
+def wait_for_beat(watchdog, beat: int) -> None:
+    for _ in range(100):
+        if int(watchdog.client.kv[f"{KV_PREFIX}/beat/0"]) >= beat:
+            return
+        threading.Event().wait(0.1)
+    raise AssertionError(f"the watchdog stopped beating at {watchdog.client.kv}")
+
+
+def test_a_failing_probe_keeps_the_watchdog_beating_and_its_port_open(
+    watchdog, monkeypatch, capsys
+):
+    """A dead watchdog thread would fall silent with its port refusing: its peers would call this
+    live process gone."""
+
+    def broken(beating, silent):
+        raise RuntimeError("a bug in the probe")
+
+    monkeypatch.setattr(watchdog._probe, "gone", broken)
+    watchdog.client.kv[f"{KV_PREFIX}/beat/1"] = "1"
+    wait_for_beat(watchdog, 3)
+    assert probe({0: watchdog._port.address}) == {0: ALIVE}
+    assert watchdog.verdicts == []
+    assert capsys.readouterr().err.count("probe failed (RuntimeError('a bug in the probe'))") == 1
+
+
+def test_a_malformed_port_is_ignored(watchdog):
+    watchdog.client.kv[f"{KV_PREFIX}/port/1"] = "not a port"
+    watchdog.client.kv[f"{KV_PREFIX}/beat/1"] = "1"
+    wait_for_beat(watchdog, 3)
+    assert watchdog._probe.addresses == {}
+    assert probe({0: watchdog._port.address}) == {0: ALIVE}
+
+
+def test_a_stopped_watchdog_leaves_its_port_to_the_process_exit(watchdog):
+    """Jax's shutdown barrier can hold a finished process a while after its watchdog stopped;
+    its port must answer until the process is gone."""
+    watchdog._stop.set()
+    watchdog._thread.join()
+    assert probe({0: watchdog._port.address}) == {0: ALIVE}
 
 
 def test_a_runtime_error_with_a_silent_peer_names_it_after_the_short_limit(watchdog):
