@@ -1,6 +1,8 @@
-"""`scone-jax generate (RUN_DIR | --backbone DIR) [--table URL] --prompt TEXT ...`."""
+"""`scone-jax generate (RUN_DIR [--step N] | --backbone DIR) [--table URL] --prompt TEXT ...`."""
 
 from __future__ import annotations
+
+from scone_jax.cli.step_arg import add_step_argument
 
 
 def register(sub) -> None:
@@ -9,13 +11,14 @@ def register(sub) -> None:
         help="generate text with the KV cache (SCONE: f-gram rows from an exported table)",
         description="Batched prefill over the prompts (with a batched f-gram lookup), then one "
         "token per step with the longest f-gram match over the last K-1 tokens. The model is "
-        "RUN_DIR's latest checkpoint, or an exported backbone (--backbone). Greedy by default; "
-        "--temperature with --top-k/--top-p samples, and --seed fixes the output.",
+        "RUN_DIR's latest (or --step) checkpoint, or an exported backbone (--backbone). Greedy "
+        "by default; --temperature with --top-k/--top-p samples, and --seed fixes the output.",
     )
     p.add_argument("run_dir", nargs="?", help="a run directory made by `scone-jax train`")
     p.add_argument(
         "--backbone", default=None, help="an exported backbone directory (instead of RUN_DIR)"
     )
+    add_step_argument(p, "of RUN_DIR to generate with")
     p.add_argument(
         "--table", default=None, metavar="URL", help="the exported f-gram table (SCONE models)"
     )
@@ -48,6 +51,11 @@ def run(args) -> int:
 
     if bool(args.run_dir) == bool(args.backbone):
         raise UserError("give either RUN_DIR or --backbone DIR (exactly one)")
+    if args.backbone and args.step is not None:
+        raise UserError(
+            f"--step={args.step} with --backbone (an exported backbone is one checkpoint; "
+            "--step picks one of RUN_DIR's)"
+        )
     if args.max_new_tokens <= 0:
         raise UserError(f"--max-new-tokens={args.max_new_tokens} (expected > 0)")
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
@@ -59,7 +67,7 @@ def run(args) -> int:
 
         from scone_jax.artifacts.run_dir import RUN_INFO_FILE
 
-        engine = engine_from_run(args.run_dir, args.table, args.tier)
+        engine = engine_from_run(args.run_dir, args.table, args.tier, args.step)
         default_tok = find_tokenizer_file(
             json.loads((Path(args.run_dir) / RUN_INFO_FILE).read_text())["dataset"]
         )

@@ -89,6 +89,29 @@ def test_generate_prints_what_the_engine_decodes(demo, source):
     assert any(len(text) > len(p) for text, p in zip(want, prompts))  # something was generated
 
 
+def test_generate_uses_the_checkpoint_step_asks_for(demo, tmp_path):
+    """`--step 2` generates with step 2's backbone and takes step 2's table (step 4's, the
+    latest's, is refused: it was exported from another checkpoint)."""
+    out, _ = demo
+    table = tmp_path / "table2"
+    res = cli_run(["export", str(out / "run"), "--step", "2", "--out", str(table)])
+    assert res.returncode == 0, res.stderr[-3000:]
+    args = ["generate", str(out / "run"), "--max-new-tokens", "8", "--prompt", "The"]
+    res = cli_run([*args, "--step", "2", "--table", str(table)])
+    assert res.returncode == 0, res.stderr[-3000:]
+    tokenizer = Tokenizer.load(out / "run" / "dataset" / "tokenizer.model")
+    engine = engine_from_run(out / "run", str(table), step=2)
+    assert engine.step == 2
+    [new] = generate(engine, [tokenizer.encode("The")], 8, eos_id=tokenizer.eos_id)
+    ids = tokenizer.encode("The")
+    assert (
+        res.stdout
+        == "The" + continuation(tokenizer, ids, [t for t in new if t != tokenizer.eos_id]) + "\n"
+    )
+    res = cli_run([*args, "--step", "2", "--table", str(out / "table")])
+    assert res.returncode == 2 and "was exported from checkpoint" in res.stderr, res.stderr[-3000:]
+
+
 def test_a_rerun_redoes_exports_that_another_checkpoint_made(demo, tmp_path):
     """Exports left by an older version, or of a run since changed, are the demo's own to redo:
     a copy whose run now has another identity reruns to completion with fresh exports."""

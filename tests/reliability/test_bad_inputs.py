@@ -809,6 +809,16 @@ CASES = [
         "--seed=-1",
     ),
     (
+        "generate-missing-step",
+        ["generate", RUN, *TABLE, "--step", "7", "--prompt", "the"],
+        "no checkpoint at step 7 (expected one of [1, 2])",
+    ),
+    (
+        "generate-step-with-backbone",
+        ["generate", "--backbone", RUN, "--step", "2", "--prompt", "the"],
+        "--step=2 with --backbone",
+    ),
+    (
         "generate-no-model",
         ["generate", "--prompt", "the cat"],
         "give either RUN_DIR or --backbone DIR",
