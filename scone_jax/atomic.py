@@ -130,6 +130,23 @@ def check_replaceable(
         )
 
 
+def temporary_prefix(final: Path) -> str:
+    """The name prefix of `final`'s temporaries: mkstemp/mkdtemp append 8 random characters."""
+    return f".{final.name}.tmp-"
+
+
+def stale_temporaries(final: str | os.PathLike) -> list[Path]:
+    """The temporaries of `final` a killed writer left beside it. Only the holder of `final`'s
+    lock may call this: no other writer of `final` is alive then. Another artifact's temporary
+    never matches (`.a.tmp-x.tmp-...` has more than the 8 random characters after `.a.tmp-`)."""
+    final = Path(final)
+    pattern = re.compile(re.escape(temporary_prefix(final)) + r"[a-z0-9_]{8}")
+    try:
+        return sorted(p for p in final.parent.iterdir() if pattern.fullmatch(p.name))
+    except OSError:  # no parent yet, or unreadable: nothing to clean
+        return []
+
+
 @contextlib.contextmanager
 def atomic_dir(
     final: str | os.PathLike,
@@ -148,7 +165,7 @@ def atomic_dir(
     check_replaceable(final, overwrite, marker, kind)
     check_output_path(final, "output directory")
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(final), dir=final.parent))
     umask = os.umask(0)
     os.umask(umask)
     tmp.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; the result should look like a mkdir
@@ -171,7 +188,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path)
     check_output_path(path, "output file", is_file=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path), dir=path.parent)
     try:
         with storage_errors(str(path)), os.fdopen(fd, "wb") as f:
             f.write(data)

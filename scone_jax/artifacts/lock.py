@@ -23,7 +23,9 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import socket
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -31,7 +33,7 @@ from pathlib import Path
 from scone_jax.artifacts.holder import ArtifactInUse, Holder
 from scone_jax.artifacts.lease import ObjectStoreLease
 from scone_jax.artifacts.table_store import Location
-from scone_jax.atomic import check_output_path
+from scone_jax.atomic import check_output_path, stale_temporaries
 from scone_jax.errors import UserError
 from scone_jax.runtime.distributed import process_index
 
@@ -77,6 +79,22 @@ class ArtifactLock:
         holder = Holder(socket.gethostname(), os.getpid(), self.command[:500], time.time())
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(holder.__dict__).encode(), 0)
+        self._remove_stale_temporaries()
+
+    def _remove_stale_temporaries(self) -> None:
+        """What a writer of this artifact killed outright (SIGKILL, a lost machine) left beside
+        it: with the lock held, no writer of it is alive."""
+        for stale in stale_temporaries(self.path):
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    stale.unlink()
+            print(
+                f"scone-jax: removed {stale}, which an interrupted write of {self.path} left",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _lock_the_current_file(self) -> int:
         while True:

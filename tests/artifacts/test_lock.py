@@ -159,3 +159,28 @@ def test_the_block_failing_releases_the_lock(tmp_path):
         raise RuntimeError("boom")
     with writing([("--out", tmp_path / "a")], "cmd"):
         pass
+
+
+def test_the_holder_removes_what_a_killed_writer_left_and_nothing_else(tmp_path, rng, capsys):
+    """A writer killed outright leaves its atomic temporary beside the artifact; the next holder
+    of the lock removes it (no writer of the artifact can be alive then), and nothing that only
+    looks similar: another artifact's temporary, or the artifact itself."""
+    import tempfile
+
+    from scone_jax.atomic import atomic_dir, temporary_prefix
+
+    target = tmp_path / random_name(rng)
+    left_dir = tempfile.mkdtemp(prefix=temporary_prefix(target), dir=tmp_path)
+    (tmp_path / left_dir / "part.bin").write_bytes(rng.bytes(64))
+    _, left_file = tempfile.mkstemp(prefix=temporary_prefix(target), dir=tmp_path)
+    other = tmp_path / f"{target.name}.tmp-x"  # an artifact named like a temporary
+    other_tmp = tempfile.mkdtemp(prefix=temporary_prefix(other), dir=tmp_path)
+    with atomic_dir(target) as out:
+        (out / "a").write_text("done")
+    with writing([("--out", target)], "scone-jax tokenize again"):
+        pass
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([target.name, os.path.basename(other_tmp)]), left
+    said = capsys.readouterr().err
+    assert f"removed {left_dir}, which an interrupted write of {target} left" in said
+    assert f"removed {left_file}," in said

@@ -22,11 +22,15 @@ def scone_train(dataset, run_dir):
     return ["train", "tiny", *tiny_overrides(dataset, run_dir, 4, **SCONE_OVERRIDES)]
 
 
-def test_sigterm_while_tokenizing_removes_the_partial_dataset(tmp_path):
+def tokenize_args(tmp_path) -> list[str]:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(f"document {i} says words and more words" for i in range(300)))
     args = ["tokenize", "--corpus", str(corpus), "--doc-split", "blank_line"]
-    args += ["--vocab-size", "300", "--out", str(tmp_path / "ds")]
+    return args + ["--vocab-size", "300", "--out", str(tmp_path / "ds")]
+
+
+def test_sigterm_while_tokenizing_removes_the_partial_dataset(tmp_path):
+    args = tokenize_args(tmp_path)
     proc = faulty_cli(args, devices=1, hang_after_call=("scone_jax.data.tokenize.progress_bar", 1))
     wait_for_hang(proc)
     assert any(p.name.startswith(".ds.tmp-") for p in tmp_path.iterdir())
@@ -35,6 +39,19 @@ def test_sigterm_while_tokenizing_removes_the_partial_dataset(tmp_path):
     assert result.returncode == 143, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1] == "scone-jax tokenize: terminated (SIGTERM)"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]
+
+
+def test_a_tokenize_killed_outright_leaves_a_temporary_that_the_rerun_removes(tmp_path):
+    args = tokenize_args(tmp_path)
+    proc = faulty_cli(args, devices=1, hang_after_call=("scone_jax.data.tokenize.progress_bar", 1))
+    wait_for_hang(proc)
+    proc.send_signal(signal.SIGKILL)
+    assert finish(proc).returncode == -signal.SIGKILL
+    [left] = [p for p in tmp_path.iterdir() if p.name.startswith(".ds.tmp-")]
+    again = finish(faulty_cli(args, devices=1))
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"removed {left}, which an interrupted write of" in again.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "ds"]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
