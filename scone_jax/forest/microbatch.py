@@ -16,6 +16,7 @@ import numpy as np
 
 from scone_jax.forest.batch import ForestBatch
 from scone_jax.forest.batcher import FgramBatcher
+from scone_jax.forest.stats import combine_stats
 
 
 @dataclass
@@ -51,22 +52,17 @@ class MicrobatchForests:
             np.stack([f.paths for f in forests]),
             np.stack([f.outputs for f in forests]),
         )
-        stats = [p["fgram_stats"] for p in parts]
-        # the whole batch's ratios: per matched position, not a mean of the microbatches' means
-        matched = np.array([(p["fgram_ids"] >= 0).sum() for p in parts], np.float64)
-        weights = matched / matched.sum() if matched.sum() else matched
         out = dict(batch)
         out["forest"] = stacked
         out["fgram_ids"] = ids
         out["fgram_stats"] = {
-            "match_rate": float(matched.sum() / ids.size),
-            **{
-                k: float(np.dot(weights, [s[k] for s in stats]))
-                for k in ("distinct_ratio", "mean_match_length")
-            },
-            "fgram_nodes": sum(s["fgram_nodes"] for s in stats),
+            **combine_stats(
+                [p["fgram_stats"] for p in parts],
+                [p["fgram_ids"].size for p in parts],
+                [int((p["fgram_ids"] >= 0).sum()) for p in parts],
+            ),
+            # the stacked buffers' slots: each part padded to the largest
             "fgram_positions": int(stacked.nodes.size),
             "fgram_outputs": int(stacked.outputs.size),
-            "fgram_overflow": max(s["fgram_overflow"] for s in stats),
         }
         return out

@@ -39,6 +39,7 @@ from scone_jax.config import Config
 from scone_jax.data.dataset import META_FILE
 from scone_jax.data.prepare import dataset_path
 from scone_jax.errors import Terminated, UserError
+from scone_jax.forest.stats import combine_vectors, stats_vector
 from scone_jax.metrics.flops import peak_flops
 from scone_jax.metrics.writers import MetricsWriter
 from scone_jax.progress import progress_bar
@@ -77,6 +78,19 @@ def stop_agreed(received: list[int]) -> int:
 
     everyone = np.ravel(multihost_utils.process_allgather(mine))
     return int(next((s for s in everyone if s), 0))
+
+
+def step_fgram_stats(batch: dict) -> dict[str, float]:
+    """The f-gram metrics of the global batch: each process built the forests of its own rows,
+    so in a multi-process job their counts are combined (one small gather per step)."""
+    stats = batch["fgram_stats"]
+    if jax.process_count() == 1:
+        return stats
+    from jax.experimental import multihost_utils
+
+    ids = batch["fgram_ids"]
+    mine = stats_vector(stats, ids.size, int((ids >= 0).sum())).astype(np.float32)
+    return combine_vectors(np.asarray(multihost_utils.process_allgather(mine), np.float64))
 
 
 def _remove_temporaries(run_dir: Path) -> None:
@@ -261,8 +275,9 @@ def train(cfg: Config) -> dict:
                     state, metrics = train_step(state, global_batch)
                     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
                 if "fgram_stats" in batch:
-                    overflows += batch["fgram_stats"]["fgram_overflow"]
-                    metrics.update(batch["fgram_stats"], fgram_overflow=overflows)
+                    stats = step_fgram_stats(batch)
+                    overflows += stats["fgram_overflow"]
+                    metrics.update(stats, fgram_overflow=overflows)
                 step += 1
                 profiler.after(step, state)
                 window_steps += 1

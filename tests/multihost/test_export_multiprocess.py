@@ -164,6 +164,10 @@ def test_two_processes_train_resume_and_export_like_one_process(tmp_path, rng):
     a, b = losses(single), losses(multi)
     assert sorted(a) == sorted(b) == list(range(1, STEPS + 1))
     np.testing.assert_allclose([b[s] for s in a], [a[s] for s in a], rtol=LOSS_RTOL)
+    # the f-gram metrics describe the global batch, not process 0's rows
+    for key in ("match_rate", "mean_match_length"):
+        one, two = ({r["step"]: r[key] for r in read_metrics(run)} for run in (single, multi))
+        np.testing.assert_allclose([two[s] for s in a], [one[s] for s in a], rtol=1e-6, err_msg=key)
     session = open_session(single_cfg, single)
     for x, y in zip(final_params(multi, session), final_params(single, session), strict=True):
         np.testing.assert_allclose(x, y, atol=PARAM_ATOL, rtol=PARAM_RTOL)
