@@ -130,6 +130,24 @@ def check_replaceable(
         )
 
 
+def current_umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+def temporary_sibling(path: Path, suffix: str = "") -> Path:
+    """An empty temporary file beside `path`, for a writer that renames it over `path`, with the
+    permissions a plain open() would give (mkstemp's 0600 would hide a shared file from other
+    users)."""
+    fd, name = tempfile.mkstemp(prefix=temporary_prefix(path), suffix=suffix, dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())
+    finally:
+        os.close(fd)
+    return Path(name)
+
+
 def temporary_prefix(final: Path) -> str:
     """The name prefix of `final`'s temporaries: mkstemp/mkdtemp append 8 random characters."""
     return f".{final.name}.tmp-"
@@ -140,7 +158,7 @@ def stale_temporaries(final: str | os.PathLike) -> list[Path]:
     lock may call this: no other writer of `final` is alive then. Another artifact's temporary
     never matches (`.a.tmp-x.tmp-...` has more than the 8 random characters after `.a.tmp-`)."""
     final = Path(final)
-    pattern = re.compile(re.escape(temporary_prefix(final)) + r"[a-z0-9_]{8}")
+    pattern = re.compile(re.escape(temporary_prefix(final)) + r"[a-z0-9_]{8}(\.[A-Za-z0-9]+)?")
     try:
         return sorted(p for p in final.parent.iterdir() if pattern.fullmatch(p.name))
     except OSError:  # no parent yet, or unreadable: nothing to clean
@@ -166,9 +184,9 @@ def atomic_dir(
     check_output_path(final, "output directory")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(final), dir=final.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; the result should look like a mkdir
+    tmp.chmod(
+        0o777 & ~current_umask()
+    )  # mkdtemp makes it 0700; the result should look like a mkdir
     try:
         with storage_errors(str(final)):
             yield tmp
@@ -189,6 +207,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     check_output_path(path, "output file", is_file=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path), dir=path.parent)
+    os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes it 0600; it should look like open()'s
     try:
         with storage_errors(str(path)), os.fdopen(fd, "wb") as f:
             f.write(data)

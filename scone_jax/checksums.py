@@ -68,6 +68,13 @@ def verify_manifest(directory: str | os.PathLike, required: Iterable[str] = ()) 
     if not manifest.is_file():
         return False
     try:
+        return _verify(directory, manifest, required)
+    except PermissionError as e:  # another user's artifact, not readable by this one
+        raise UserError(f"cannot read {e.filename}: {e.strerror}") from None
+
+
+def _verify(directory: Path, manifest: Path, required: Iterable[str]) -> bool:
+    try:
         files = json.loads(manifest.read_bytes())["files"]
         listed = {str(name): (int(f["size"]), int(f["crc32"])) for name, f in files.items()}
     except (ValueError, TypeError, KeyError, AttributeError) as e:

@@ -9,12 +9,11 @@ import contextlib
 import os
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from scone_jax.atomic import check_output_path, storage_errors
+from scone_jax.atomic import check_output_path, storage_errors, temporary_sibling
 from scone_jax.config.schema import FgramConfig
 from scone_jax.errors import UserError
 
@@ -217,13 +216,47 @@ def _add_input(parser, vocab: bool = True) -> None:
         )
 
 
-def _corpus(args, required: bool = True):
-    from scone_jax.fgrams.corpus import Corpus, load_arrays
+PLOT_FORMATS = ("", ".png", ".pdf", ".svg")
 
+
+def _check_outputs_apart(args, outputs: list[tuple[str, str | os.PathLike | None]]) -> None:
+    """An output is never an input file, a file inside the f-gram set or the dataset, or another
+    output: writing it would destroy what the command reads, or what it wrote first."""
+    directories = [
+        (what, Path(path).resolve())
+        for what, path in (("the f-gram set", args.fgram_set), ("dataset", args.dataset))
+        if path
+    ]
+    files = {Path(p).resolve() for p in (args.token_ids, args.doc_lengths) if p}
+    seen: dict[Path, str] = {}
+    for flag, path in outputs:
+        if not path:
+            continue
+        resolved = Path(path).resolve()
+        if resolved in files:
+            raise UserError(f"{flag} {path} is an input file (expected a new path)")
+        for what, directory in directories:
+            if resolved == directory or directory in resolved.parents:
+                raise UserError(
+                    f"{flag} {path} is inside {what} {directory} (expected a path outside the "
+                    "inputs)"
+                )
+        if resolved in seen:
+            raise UserError(f"{flag} and {seen[resolved]} are the same file {path}")
+        seen[resolved] = flag
+
+
+def _check_input(args) -> None:
     if args.dataset and args.token_ids:
         raise UserError("give either DATASET or --token-ids, not both")
     if args.doc_lengths and not args.token_ids:
         raise UserError("--doc-lengths needs --token-ids")
+
+
+def _corpus(args, required: bool = True):
+    from scone_jax.fgrams.corpus import Corpus, load_arrays
+
+    _check_input(args)
     if args.token_ids:
         return load_arrays(args.token_ids, args.doc_lengths, getattr(args, "vocab_size", None))
     if getattr(args, "vocab_size", None) is not None:
@@ -309,6 +342,10 @@ def _training_split(args):
         raise UserError("--heldout-fraction needs a tokenized DATASET directory (not --token-ids)")
     if not 0.0 < args.heldout_fraction < 1.0:
         raise UserError(f"--heldout-fraction {args.heldout_fraction} (expected 0 < F < 1)")
+    if not 0 <= args.split_seed < 2**32:
+        raise UserError(
+            f"--split-seed {args.split_seed} (expected 0 <= seed < 2**32, as data.seed)"
+        )
     dataset = TokenizedDataset.open(args.dataset)
     train_ids, _ = split_documents(dataset.num_docs, args.heldout_fraction, args.split_seed)
     return train_split_corpus(dataset, train_ids, args.heldout_fraction, args.split_seed)
@@ -378,6 +415,7 @@ def cmd_tag(args) -> int:
     from scone_jax.fgrams.tag import tag_corpus, tags_dir, tags_for_dataset
 
     _check_workers(args)
+    _check_input(args)
     fs = FgramSet.load(args.fgram_set)
     if bool(args.out_ids) != bool(args.out_lengths):
         raise UserError(
@@ -394,12 +432,8 @@ def cmd_tag(args) -> int:
         raise UserError("--token-ids needs --out-ids FILE.npy and --out-lengths FILE.npy")
     corpus = _corpus(args)
     out_ids, out_lengths = Path(args.out_ids), Path(args.out_lengths)
-    if out_ids.resolve() == out_lengths.resolve():
-        raise UserError("--out-ids and --out-lengths must be different files")
-    inputs = [Path(p).resolve() for p in (args.token_ids, args.doc_lengths) if p]
+    _check_outputs_apart(args, [("--out-ids", out_ids), ("--out-lengths", out_lengths)])
     for flag, path in (("--out-ids", out_ids), ("--out-lengths", out_lengths)):
-        if path.resolve() in inputs:
-            raise UserError(f"{flag} {path} is an input file (expected a new path)")
         if not path.parent.is_dir():
             problem = "is not a directory" if path.parent.exists() else "does not exist"
             raise UserError(f"{flag} {path}: directory {path.parent} {problem}")
@@ -430,9 +464,7 @@ def cmd_tag(args) -> int:
 
 
 def _tmp_sibling(path: Path) -> Path:
-    fd, name = tempfile.mkstemp(prefix=f".{path.stem}.tmp-", suffix=".npy", dir=path.parent)
-    os.close(fd)
-    return Path(name)
+    return temporary_sibling(path, ".npy")  # np.save would append .npy to a name without it
 
 
 def _report_tags(lengths, where: str) -> None:
@@ -452,6 +484,12 @@ def cmd_stats(args) -> int:
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
         if path:
             check_output_path(path, flag, is_file=True)
+    _check_outputs_apart(args, [("--json", args.json), ("--plot", args.plot)])
+    if args.plot and Path(args.plot).suffix.lower() not in PLOT_FORMATS:
+        raise UserError(
+            f"--plot {args.plot}: no image format {Path(args.plot).suffix!r} (expected a name "
+            f"ending {', '.join(f for f in PLOT_FORMATS if f)}, or none for PNG)"
+        )
     fs = FgramSet.load(args.fgram_set)
     corpus = _corpus(args, required=False)
     if corpus is not None:

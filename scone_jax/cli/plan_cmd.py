@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from scone_jax.config import load_config
 from scone_jax.errors import UserError
 
 DEFAULT_DEVICES = 8
+MAX_DEVICES = 1 << 16  # beyond any real mesh (and within what XLA's device-count flag reads)
 # set in the child process this command starts with N fake CPU devices, so it never recurses
 CHILD_ENV = "SCONE_JAX_PLAN_CHILD"
 
@@ -46,10 +48,12 @@ def register(sub) -> None:
 def run(args) -> int:
     cfg = load_config(args.config, args.overrides)
     count = args.devices if args.devices is not None else cfg.train.devices or DEFAULT_DEVICES
-    if count <= 0:
-        raise UserError(f"plan --devices {args.devices} (expected > 0)")
-    if args.device_memory <= 0:
-        raise UserError(f"plan --device-memory {args.device_memory:g} (expected > 0 GiB)")
+    if not 0 < count <= MAX_DEVICES:
+        raise UserError(f"plan --devices {count} (expected 1..{MAX_DEVICES})")
+    if not (math.isfinite(args.device_memory) and args.device_memory > 0):
+        raise UserError(
+            f"plan --device-memory {args.device_memory:g} (expected a finite size > 0 GiB)"
+        )
     import jax
 
     devices = jax.devices()

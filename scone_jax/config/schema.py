@@ -229,6 +229,7 @@ class DataConfig:
     max_default_corpus_mb: float = 4.0
 
     def validate(self) -> None:
+        _check(0 <= self.seed < 2**32, f"data.seed={self.seed} (expected 0 <= seed < 2**32)")
         _check(
             self.doc_split in ("file", "blank_line"),
             f"data.doc_split={self.doc_split!r} (expected 'file' or 'blank_line')",
@@ -337,6 +338,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         _check(self.steps > 0, f"train.steps={self.steps} (expected > 0)")
+        _check(0 <= self.seed < 2**32, f"train.seed={self.seed} (expected 0 <= seed < 2**32)")
         window = self.profile_steps
         _check(
             not window or (len(window) == 2 and 0 <= window[0] < window[1] <= self.steps),

@@ -46,6 +46,8 @@ class Corpus:
     @classmethod
     def from_dataset(cls, dataset) -> Corpus:
         """Wrap a `scone_jax.data.dataset.TokenizedDataset` (or a path to one)."""
+        from scone_jax.data.tokenizer import find_tokenizer_file
+
         if isinstance(dataset, str | os.PathLike):
             from scone_jax.data.dataset import TokenizedDataset
 
@@ -56,7 +58,8 @@ class Corpus:
             doc_offsets=np.asarray(dataset.doc_offsets, np.int64),
             vocab_size=dataset.vocab_size,
             tokenizer_sha256=meta.get("tokenizer_sha256"),
-            tokenizer_path=meta.get("tokenizer_path"),
+            # its own copy: the path recorded at tokenizing is stale once the dataset moves
+            tokenizer_path=str(find_tokenizer_file(dataset.path)),
             corpus_sha256=meta.get("corpus_sha256"),
             tokens_sha256=meta.get("tokens_sha256"),
             source=str(dataset.path),

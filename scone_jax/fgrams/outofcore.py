@@ -8,6 +8,7 @@ counting code is the same either way, so both paths give identical output.
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import threading
@@ -54,8 +55,11 @@ def parse_size(text: str | int) -> int:
         raise UserError(
             f"memory budget {text!r} is not a size (expected e.g. 512M, 4G or a byte count)"
         ) from None
-    if value <= 0:
-        raise UserError(f"memory budget {text!r} must be positive")
+    if not math.isfinite(value * scale) or value * scale < 1:
+        raise UserError(
+            f"memory budget {text!r} is not a size (expected a finite size of at least 1 byte, "
+            "e.g. 512M or 4G)"
+        )
     return int(value * scale)
 
 

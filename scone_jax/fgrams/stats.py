@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from scone_jax.atomic import atomic_write_json
+from scone_jax.atomic import atomic_write_json, temporary_sibling
 
 
 def set_stats(fs) -> dict:
@@ -141,8 +140,8 @@ def plot_stats(stats: dict, path: str | os.PathLike) -> None:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.tmp-", suffix=".png", dir=path.parent)
-    os.close(fd)
+    # the file's own suffix: matplotlib picks the format from it (PNG without one)
+    tmp = temporary_sibling(path, path.suffix if len(path.suffix) > 1 else ".png")
     try:
         fig.savefig(tmp, dpi=100)
         os.replace(tmp, path)

@@ -13,6 +13,7 @@ import numpy as np
 from scone_jax.config.schema import FgramConfig
 from scone_jax.data.dataset import TokenizedDataset
 from scone_jax.data.pipeline import split_documents
+from scone_jax.data.tokenizer import find_tokenizer_file
 from scone_jax.errors import UserError
 from scone_jax.fgrams.build import build_fgram_set
 from scone_jax.fgrams.corpus import Corpus
@@ -73,7 +74,8 @@ def train_split_corpus(
         source=f"{dataset.path} (training split)",
         tokenizer_sha256=dataset.tokenizer_sha256,
         # the set's meta records it, as for a whole dataset: `fgrams dump --text` decodes with it
-        tokenizer_path=dataset.meta.get("tokenizer_path"),
+        # (the dataset's own copy: the path recorded at tokenizing is stale once it moves)
+        tokenizer_path=str(find_tokenizer_file(dataset.path)),
     )
     corpus.split = {
         "dataset_tokens_sha256": dataset.meta.get("tokens_sha256"),

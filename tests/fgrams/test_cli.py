@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from scone_jax import atomic
 from scone_jax.cli import fgrams_cmd
 from scone_jax.cli.main import main
 from scone_jax.fgrams.store import FgramSet
@@ -173,7 +174,7 @@ def test_a_refused_permission_for_the_tags_is_one_error_and_no_file(arrays, caps
     assert code == 0, err
     before = sorted(os.listdir(tmp))
     made = []
-    real_mkstemp = fgrams_cmd.tempfile.mkstemp
+    real_mkstemp = atomic.tempfile.mkstemp
 
     def refuse_the_second(*args, **kwargs):
         if made:
@@ -181,7 +182,7 @@ def test_a_refused_permission_for_the_tags_is_one_error_and_no_file(arrays, caps
         made.append(real_mkstemp(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(fgrams_cmd.tempfile, "mkstemp", refuse_the_second)
+    monkeypatch.setattr(atomic.tempfile, "mkstemp", refuse_the_second)
     code, _, err = run(
         capsys,
         "tag",
@@ -426,3 +427,46 @@ def test_bad_tag_and_stats_input(arrays, capsys):
         code, _, err = run(capsys, *argv)
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, (argv, err)
     assert set(os.listdir(tmp)) == before
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "training-split"])
+def test_a_set_counted_on_a_moved_dataset_decodes_with_the_moved_tokenizer(tmp_path, capsys, split):
+    """The dataset's meta records where its tokenizer was at tokenizing; a set counted after the
+    dataset moved must point at the copy the dataset holds now."""
+    corpus = tmp_path / "corpus.txt"
+    words = "the cat sat on a mat and then ran far away".split()
+    corpus.write_text("\n\n".join(" ".join(words[i % 7 :] + words[: i % 7]) for i in range(60)))
+    assert (
+        main(
+            ["tokenize", "--corpus", str(corpus), "--doc-split", "blank_line"]
+            + ["--vocab-size", "280", "--out", str(tmp_path / "first"), "--no-progress"]
+        )
+        == 0
+    )
+    (tmp_path / "first").rename(tmp_path / "moved")
+    held_out = ["--heldout-fraction", "0.1"] if split else []
+    code, _, err = run(
+        capsys, "build", tmp_path / "moved", "--min-count", 2, "--out", tmp_path / "set", *held_out
+    )
+    assert code == 0, err
+    meta = json.loads((tmp_path / "set" / "meta.json").read_text())
+    assert meta["tokenizer_path"] == str(tmp_path / "moved" / "tokenizer.model")
+    code, out, err = run(capsys, "dump", tmp_path / "set", "--text", "--limit", 3)
+    assert code == 0 and len(out.splitlines()) == 3, err  # decoded: no missing-tokenizer error
+
+
+def test_the_plot_takes_the_format_its_name_asks_and_plain_permissions(arrays, capsys):
+    tmp, _, _ = arrays
+    code, _, err = run(
+        capsys, "build", "--token-ids", tmp / "ids.npy", "--out", tmp / "set", "--min-count", 2
+    )
+    assert code == 0, err
+    old = os.umask(0o022)
+    try:
+        for name, magic in (("s.pdf", b"%PDF"), ("s.svg", b"<?xml"), ("s.png", b"\x89PNG")):
+            code, _, err = run(capsys, "stats", tmp / "set", "--plot", tmp / name)
+            assert code == 0, err
+            assert (tmp / name).read_bytes().startswith(magic), name
+            assert os.stat(tmp / name).st_mode & 0o777 == 0o644, name
+    finally:
+        os.umask(old)

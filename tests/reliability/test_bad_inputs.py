@@ -380,6 +380,22 @@ CASES = [
         "at least 1 f-gram",
     ),
     (
+        "build-negative-split-seed",
+        ["fgrams", "build", "{w}/ds", "--heldout-fraction", "0.1", "--split-seed", "-1"]
+        + ["--out", "{tmp}/set"],
+        "--split-seed -1 (expected 0 <= seed < 2**32",
+    ),
+    (
+        "build-memory-budget-nan",
+        ["fgrams", "build", "{w}/ds", "--memory-budget", "nan", "--out", "{tmp}/set"],
+        "memory budget 'nan' is not a size",
+    ),
+    (
+        "build-memory-budget-below-a-byte",
+        ["fgrams", "build", "{w}/ds", "--memory-budget", "0.1", "--out", "{tmp}/set"],
+        "memory budget '0.1' is not a size",
+    ),
+    (
         "build-min-count-0",
         ["fgrams", "build", "--token-ids", "{w}/ids.npy", "--min-count", "0", "--out", "{tmp}/set"],
         "--min-count 0 must be >= 1",
@@ -520,7 +536,24 @@ CASES = [
             "--out-lengths",
             "{tmp}/x.npy",
         ],
-        "must be different files",
+        "--out-lengths and --out-ids are the same file",
+    ),
+    (
+        "tag-out-ids-inside-the-dataset",
+        ["fgrams", "tag", "{w}/fgrams", "{w}/ds", "--out-ids", "{w}/ds/tokens.bin"]
+        + ["--out-lengths", "{tmp}/l.npy"],
+        "tokens.bin is inside dataset",
+    ),
+    (
+        "tag-out-lengths-inside-the-set",
+        ["fgrams", "tag", "{w}/fgrams", "--token-ids", "{w}/ids.npy", "--out-ids", "{tmp}/i.npy"]
+        + ["--out-lengths", "{w}/fgrams/keys.npy"],
+        "keys.npy is inside the f-gram set",
+    ),
+    (
+        "tag-doc-lengths-with-a-dataset",
+        ["fgrams", "tag", "{w}/fgrams", "{w}/ds", "--doc-lengths", "{w}/ids.npy"],
+        "--doc-lengths needs --token-ids",
     ),
     (
         "tag-bad-input-keeps-existing-outputs",
@@ -548,6 +581,31 @@ CASES = [
         ["fgrams", "stats", "{w}/fgrams", "--plot", "{w}/a_dir"],
         "a_dir is a directory",
     ),
+    (
+        "stats-json-inside-the-set",
+        ["fgrams", "stats", "{w}/fgrams", "--json", "{w}/fgrams/keys.npy"],
+        "keys.npy is inside the f-gram set",
+    ),
+    (
+        "stats-plot-inside-the-dataset",
+        ["fgrams", "stats", "{w}/fgrams", "{w}/ds", "--plot", "{w}/ds/tokens.bin"],
+        "tokens.bin is inside dataset",
+    ),
+    (
+        "stats-json-is-the-token-ids",
+        ["fgrams", "stats", "{w}/fgrams", "--token-ids", "{w}/ids.npy", "--json", "{w}/ids.npy"],
+        "ids.npy is an input file",
+    ),
+    (
+        "stats-json-and-plot-one-file",
+        ["fgrams", "stats", "{w}/fgrams", "--json", "{tmp}/s.png", "--plot", "{tmp}/s.png"],
+        "--plot and --json are the same file",
+    ),
+    (
+        "stats-plot-unknown-format",
+        ["fgrams", "stats", "{w}/fgrams", "--plot", "{tmp}/s.jpg"],
+        "no image format '.jpg'",
+    ),
     ("stats-empty-dataset", ["fgrams", "stats", "{w}/fgrams", "{w}/empty_ds"], "corpus is empty"),
     (
         "stats-dataset-of-other-tokenizer",
@@ -556,10 +614,18 @@ CASES = [
     ),
     # plan
     ("plan-missing-config", ["plan", "{w}/nope.yaml"], "nope.yaml' not found"),
+    ("plan-empty-config", ["plan", ""], "'' (expected a YAML config path or a preset name"),
+    ("train-empty-config", ["train", " "], "' ' (expected a YAML config path or a preset name"),
+    ("plan-devices-beyond-any-mesh", ["plan", "tiny", "--devices", "99999999999"], "1..65536"),
+    (
+        "plan-device-memory-nan",
+        ["plan", "tiny", "--device-memory", "nan"],
+        "--device-memory nan (expected a finite size > 0 GiB)",
+    ),
     ("plan-unknown-remat", ["plan", "tiny", "model.remat=most"], "model.remat='most'"),
     ("plan-mesh-does-not-divide", ["plan", "tiny", "mesh.data=3"], "mesh data=3"),
-    ("plan-no-devices", ["plan", "tiny", "--devices", "-2"], "plan --devices -2 (expected > 0)"),
-    ("plan-zero-devices", ["plan", "tiny", "--devices", "0"], "plan --devices 0 (expected > 0)"),
+    ("plan-no-devices", ["plan", "tiny", "--devices", "-2"], "plan --devices -2 (expected 1..65536)"),
+    ("plan-zero-devices", ["plan", "tiny", "--devices", "0"], "plan --devices 0 (expected 1..65536)"),
     (
         "plan-microbatches-do-not-divide",
         ["plan", "tiny", "train.microbatches=3"],
@@ -791,6 +857,12 @@ CASES = [
             "{tmp}/same/",
         ],
         "--backbone-out and --hf-out are both {tmp}/same",
+    ),
+    ("train-negative-data-seed", [*BASELINE, "data.seed=-1"], "data.seed=-1 (expected 0 <="),
+    (
+        "train-seed-beyond-32-bits",
+        [*BASELINE, "train.seed=4294967296"],
+        "train.seed=4294967296 (expected 0 <= seed < 2**32)",
     ),
     # generate
     (
