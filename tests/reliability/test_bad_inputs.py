@@ -624,8 +624,16 @@ CASES = [
     ),
     ("plan-unknown-remat", ["plan", "tiny", "model.remat=most"], "model.remat='most'"),
     ("plan-mesh-does-not-divide", ["plan", "tiny", "mesh.data=3"], "mesh data=3"),
-    ("plan-no-devices", ["plan", "tiny", "--devices", "-2"], "plan --devices -2 (expected 1..65536)"),
-    ("plan-zero-devices", ["plan", "tiny", "--devices", "0"], "plan --devices 0 (expected 1..65536)"),
+    (
+        "plan-no-devices",
+        ["plan", "tiny", "--devices", "-2"],
+        "plan --devices -2 (expected 1..65536)",
+    ),
+    (
+        "plan-zero-devices",
+        ["plan", "tiny", "--devices", "0"],
+        "plan --devices 0 (expected 1..65536)",
+    ),
     (
         "plan-microbatches-do-not-divide",
         ["plan", "tiny", "train.microbatches=3"],
