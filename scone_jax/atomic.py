@@ -131,9 +131,25 @@ def check_replaceable(
 
 
 def current_umask() -> int:
+    """The process's umask, read without setting it: `os.umask` can only be read by setting it,
+    and a file another thread created meanwhile would get umask 0 (world-writable)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:  # Linux >= 4.7
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return _UMASK_AT_IMPORT
+
+
+def _read_umask_by_setting_it() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return umask
+
+
+_UMASK_AT_IMPORT = _read_umask_by_setting_it()  # imports run before the process starts threads
 
 
 def temporary_sibling(path: Path, suffix: str = "") -> Path:

@@ -30,3 +30,14 @@ def test_atomic_outputs_get_the_umasks_permissions(tmp_path, umask):
         atomic_write_json(out / "checksums.json", {})
     assert mode(tmp_path / "out") == 0o777 & ~umask
     assert mode(tmp_path / "out" / "checksums.json") == 0o666 & ~umask
+
+
+def test_the_umask_is_read_without_setting_it(umask, monkeypatch):
+    """Setting the umask to read it would give a file another thread makes meanwhile umask 0."""
+    from scone_jax import atomic
+
+    def never(mask):
+        raise AssertionError(f"os.umask({mask:o}) called while other threads may create files")
+
+    monkeypatch.setattr(atomic.os, "umask", never)
+    assert atomic.current_umask() == umask
