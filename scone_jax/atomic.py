@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import json
 import os
 import re
@@ -140,7 +141,7 @@ def current_umask() -> int:
                     return int(line.split()[1], 8)
     except (OSError, ValueError):
         pass
-    return _UMASK_AT_IMPORT
+    return _UMASK_AT_IMPORT if _UMASK_AT_IMPORT is not None else _read_umask_by_setting_it()
 
 
 def _read_umask_by_setting_it() -> int:
@@ -149,7 +150,8 @@ def _read_umask_by_setting_it() -> int:
     return umask
 
 
-_UMASK_AT_IMPORT = _read_umask_by_setting_it()  # imports run before the process starts threads
+# where /proc cannot say: read once, at import, before the process starts threads
+_UMASK_AT_IMPORT = None if os.path.exists("/proc/self/status") else _read_umask_by_setting_it()
 
 
 def temporary_sibling(path: Path, suffix: str = "") -> Path:
@@ -170,15 +172,49 @@ def temporary_prefix(final: Path) -> str:
 
 
 def stale_temporaries(final: str | os.PathLike) -> list[Path]:
-    """The temporaries of `final` a killed writer left beside it. Only the holder of `final`'s
-    lock may call this: no other writer of `final` is alive then. Another artifact's temporary
-    never matches (`.a.tmp-x.tmp-...` has more than the 8 random characters after `.a.tmp-`)."""
+    """The temporaries of `final` whose writer is gone (`abandoned`). Another artifact's
+    temporary never matches (`.a.tmp-x.tmp-...` has more than the 8 random characters after
+    `.a.tmp-`)."""
     final = Path(final)
     pattern = re.compile(re.escape(temporary_prefix(final)) + r"[a-z0-9_]{8}(\.[A-Za-z0-9]+)?")
     try:
-        return sorted(p for p in final.parent.iterdir() if pattern.fullmatch(p.name))
+        found = sorted(p for p in final.parent.iterdir() if pattern.fullmatch(p.name))
     except OSError:  # no parent yet, or unreadable: nothing to clean
         return []
+    return [p for p in found if abandoned(p)]
+
+
+def hold_temporary(path: str | os.PathLike) -> int | None:
+    """Lock a temporary this process is writing (a directory or a file), so that a cleanup by
+    any other process or job sees its writer alive; the kernel drops the lock when the writer
+    dies, however it dies. The fd to close when done, or None where the filesystem has no such
+    locks (the temporary then never looks abandoned)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def abandoned(path: str | os.PathLike) -> bool:
+    """Whether a temporary's writer is gone: its lock is free (`hold_temporary`). A temporary
+    whose lock cannot be tried (no locks on this filesystem) is never called abandoned."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 @contextlib.contextmanager
@@ -200,6 +236,7 @@ def atomic_dir(
     check_output_path(final, "output directory")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(final), dir=final.parent))
+    held = hold_temporary(tmp)
     tmp.chmod(
         0o777 & ~current_umask()
     )  # mkdtemp makes it 0700; the result should look like a mkdir
@@ -210,6 +247,8 @@ def atomic_dir(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        if held is not None:
+            os.close(held)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -224,12 +263,14 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path), dir=path.parent)
     os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes it 0600; it should look like open()'s
+    with contextlib.suppress(OSError):  # held while fd is open: a cleanup sees a live writer
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
         with storage_errors(str(path)), os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+            os.replace(tmp, path)  # while the lock is held
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

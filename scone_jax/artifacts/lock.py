@@ -83,13 +83,16 @@ class ArtifactLock:
 
     def _remove_stale_temporaries(self) -> None:
         """What a writer of this artifact killed outright (SIGKILL, a lost machine) left beside
-        it: with the lock held, no writer of it is alive."""
+        it: temporaries whose writer's own lock is free (atomic.hold_temporary), so a live
+        writer, even one holding another lock (a run dir's set-up), keeps its temporary."""
         for stale in stale_temporaries(self.path):
-            if stale.is_dir() and not stale.is_symlink():
-                shutil.rmtree(stale, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
+            try:
+                if stale.is_dir() and not stale.is_symlink():
+                    shutil.rmtree(stale)
+                else:
                     stale.unlink()
+            except OSError:
+                continue  # not ours to clean after all (another user's, read-only): leave it
             print(
                 f"scone-jax: removed {stale}, which an interrupted write of {self.path} left",
                 file=sys.stderr,

@@ -136,11 +136,18 @@ def build_dataset(
         return tokenize_corpus(docs(), tokenizer, out_dir, append_eos=append_eos, progress=progress)
 
 
-def dataset_tokenizer(dataset: TokenizedDataset) -> Tokenizer | HFTokenizer:
-    """The tokenizer a dataset was made with: its own copy, checked against its fingerprint."""
+def dataset_tokenizer_path(dataset: TokenizedDataset) -> Path:
+    """Where a dataset's tokenizer is: its own copy (the path recorded at tokenizing is stale
+    once the dataset moves), else that recorded path; absolute, for records read elsewhere."""
     path = find_tokenizer_file(dataset.path)
     if not path.is_file():
         path = Path(dataset.meta.get("tokenizer_path", path))
+    return path.absolute()
+
+
+def dataset_tokenizer(dataset: TokenizedDataset) -> Tokenizer | HFTokenizer:
+    """The tokenizer a dataset was made with: its own copy, checked against its fingerprint."""
+    path = dataset_tokenizer_path(dataset)
     tokenizer = load_tokenizer(path)
     if tokenizer.sha256 != dataset.tokenizer_sha256:
         raise UserError(

@@ -46,7 +46,7 @@ class Corpus:
     @classmethod
     def from_dataset(cls, dataset) -> Corpus:
         """Wrap a `scone_jax.data.dataset.TokenizedDataset` (or a path to one)."""
-        from scone_jax.data.tokenizer import find_tokenizer_file
+        from scone_jax.data.tokenize import dataset_tokenizer_path
 
         if isinstance(dataset, str | os.PathLike):
             from scone_jax.data.dataset import TokenizedDataset
@@ -59,7 +59,7 @@ class Corpus:
             vocab_size=dataset.vocab_size,
             tokenizer_sha256=meta.get("tokenizer_sha256"),
             # its own copy: the path recorded at tokenizing is stale once the dataset moves
-            tokenizer_path=str(find_tokenizer_file(dataset.path)),
+            tokenizer_path=str(dataset_tokenizer_path(dataset)),
             corpus_sha256=meta.get("corpus_sha256"),
             tokens_sha256=meta.get("tokens_sha256"),
             source=str(dataset.path),

@@ -10,8 +10,6 @@ import numpy as np
 
 RATIOS_PER_MATCH = ("distinct_ratio", "mean_match_length")
 SUMMED = ("fgram_nodes", "fgram_positions", "fgram_outputs")
-# one part as a vector (what processes exchange): its positions, matched positions, then these
-VECTOR_KEYS = (*RATIOS_PER_MATCH, *SUMMED, "fgram_overflow")
 
 
 def combine_stats(
@@ -30,10 +28,28 @@ def combine_stats(
 
 
 def stats_vector(stats: Mapping[str, float], positions: int, matched: int) -> np.ndarray:
-    return np.array([positions, matched, *(stats[k] for k in VECTOR_KEYS)], np.float64)
+    """One part as whole counts (what processes exchange, exactly, as int32): its positions,
+    matched positions, each per-match ratio times the matches (distinct f-grams, summed match
+    lengths), the summed counts and the overflow flag."""
+    per_match = [round(stats[k] * matched) for k in RATIOS_PER_MATCH]
+    summed = [stats[k] for k in SUMMED]
+    return np.array([positions, matched, *per_match, *summed, stats["fgram_overflow"]], np.int64)
 
 
 def combine_vectors(rows: np.ndarray) -> dict[str, float]:
-    """`combine_stats` of parts given as `stats_vector` rows [parts, 2 + len(VECTOR_KEYS)]."""
-    stats = [dict(zip(VECTOR_KEYS, row[2:].tolist(), strict=True)) for row in rows]
-    return combine_stats(stats, rows[:, 0].tolist(), rows[:, 1].tolist())
+    """`combine_stats` of parts given as `stats_vector` rows."""
+    rows = np.asarray(rows, np.int64)
+    positions, matched = rows[:, 0], rows[:, 1]
+    ratios = len(RATIOS_PER_MATCH)
+    stats = [
+        {
+            **{
+                k: float(row[2 + i] / row[1]) if row[1] else 0.0
+                for i, k in enumerate(RATIOS_PER_MATCH)
+            },
+            **{k: int(row[2 + ratios + i]) for i, k in enumerate(SUMMED)},
+            "fgram_overflow": int(row[-1]),
+        }
+        for row in rows
+    ]
+    return combine_stats(stats, positions.tolist(), matched.tolist())

@@ -13,7 +13,7 @@ import numpy as np
 from scone_jax.config.schema import FgramConfig
 from scone_jax.data.dataset import TokenizedDataset
 from scone_jax.data.pipeline import split_documents
-from scone_jax.data.tokenizer import find_tokenizer_file
+from scone_jax.data.tokenize import dataset_tokenizer_path
 from scone_jax.errors import UserError
 from scone_jax.fgrams.build import build_fgram_set
 from scone_jax.fgrams.corpus import Corpus
@@ -75,7 +75,7 @@ def train_split_corpus(
         tokenizer_sha256=dataset.tokenizer_sha256,
         # the set's meta records it, as for a whole dataset: `fgrams dump --text` decodes with it
         # (the dataset's own copy: the path recorded at tokenizing is stale once it moves)
-        tokenizer_path=str(find_tokenizer_file(dataset.path)),
+        tokenizer_path=str(dataset_tokenizer_path(dataset)),
     )
     corpus.split = {
         "dataset_tokens_sha256": dataset.meta.get("tokens_sha256"),

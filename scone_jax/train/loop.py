@@ -34,7 +34,7 @@ from scone_jax.artifacts.run_dir import (
     run_id,
     save_run_config,
 )
-from scone_jax.atomic import atomic_write_json
+from scone_jax.atomic import abandoned, atomic_write_json
 from scone_jax.config import Config
 from scone_jax.data.dataset import META_FILE
 from scone_jax.data.prepare import dataset_path
@@ -89,15 +89,16 @@ def step_fgram_stats(batch: dict) -> dict[str, float]:
     from jax.experimental import multihost_utils
 
     ids = batch["fgram_ids"]
-    mine = stats_vector(stats, ids.size, int((ids >= 0).sum())).astype(np.float32)
-    return combine_vectors(np.asarray(multihost_utils.process_allgather(mine), np.float64))
+    mine = stats_vector(stats, ids.size, int((ids >= 0).sum())).astype(np.int32)
+    return combine_vectors(np.asarray(multihost_utils.process_allgather(mine)))
 
 
 def _remove_temporaries(run_dir: Path) -> None:
     """What a killed process left half-written in the run dir (`.NAME.tmp-*`: atomic_dir and
     atomic_write's temporaries); train holds the run dir's lock, and its peers wait."""
     for path in run_dir.glob(".*.tmp-*"):
-        _remove(path)
+        if abandoned(path):  # a live writer holds its temporary's lock (atomic.hold_temporary)
+            _remove(path)
 
 
 def _remove(path: Path) -> None:

@@ -184,3 +184,18 @@ def test_the_holder_removes_what_a_killed_writer_left_and_nothing_else(tmp_path,
     said = capsys.readouterr().err
     assert f"removed {left_dir}, which an interrupted write of {target} left" in said
     assert f"removed {left_file}," in said
+
+
+def test_a_live_writers_temporary_is_never_removed(tmp_path, rng):
+    """A writer holding another lock (train's set-up writes RUN/fgrams under the run dir's lock)
+    keeps its temporary: the cleanup takes only temporaries whose writer's own lock is free."""
+    from scone_jax.atomic import atomic_dir
+
+    target = tmp_path / "run" / "fgrams"
+    payload = rng.bytes(int(rng.integers(1, 1024)))
+    with atomic_dir(target) as live:
+        (live / "keys.npy").write_bytes(payload)
+        with writing([("--out", target)], "scone-jax fgrams build --out run/fgrams"):
+            pass
+        assert live.is_dir()
+    assert (target / "keys.npy").read_bytes() == payload

@@ -430,9 +430,12 @@ def test_bad_tag_and_stats_input(arrays, capsys):
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["whole", "training-split"])
-def test_a_set_counted_on_a_moved_dataset_decodes_with_the_moved_tokenizer(tmp_path, capsys, split):
+def test_a_set_counted_on_a_moved_dataset_decodes_with_the_moved_tokenizer(
+    tmp_path, capsys, monkeypatch, split
+):
     """The dataset's meta records where its tokenizer was at tokenizing; a set counted after the
-    dataset moved must point at the copy the dataset holds now."""
+    dataset moved must point at the copy the dataset holds now, by an absolute path (the set is
+    read from anywhere)."""
     corpus = tmp_path / "corpus.txt"
     words = "the cat sat on a mat and then ran far away".split()
     corpus.write_text("\n\n".join(" ".join(words[i % 7 :] + words[: i % 7]) for i in range(60)))
@@ -445,9 +448,8 @@ def test_a_set_counted_on_a_moved_dataset_decodes_with_the_moved_tokenizer(tmp_p
     )
     (tmp_path / "first").rename(tmp_path / "moved")
     held_out = ["--heldout-fraction", "0.1"] if split else []
-    code, _, err = run(
-        capsys, "build", tmp_path / "moved", "--min-count", 2, "--out", tmp_path / "set", *held_out
-    )
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(capsys, "build", "moved", "--min-count", 2, "--out", "set", *held_out)
     assert code == 0, err
     meta = json.loads((tmp_path / "set" / "meta.json").read_text())
     assert meta["tokenizer_path"] == str(tmp_path / "moved" / "tokenizer.model")
