@@ -109,7 +109,16 @@ def test_backoff_ids_are_each_fgrams_longest_proper_suffix_in_the_set(rng):
     print("seed", seed)
     local = np.random.default_rng(seed)
     every = [w for n in range(2, 6) for w in itertools.product(range(3), repeat=n)]
-    chosen = [every[i] for i in np.sort(local.choice(len(every), 150, replace=False))]
+    subset = {every[i] for i in local.choice(len(every), 150, replace=False)}
+    # plant a 5-gram whose longest suffix in the set is `cut` tokens shorter, for each cut a
+    # 5-gram can take, so a random subset cannot leave one out; each ends in its own token, so
+    # no planting undoes another's
+    for cut, end in zip((1, 2, 3), local.permutation(3).tolist(), strict=True):
+        w = (*local.integers(0, 3, 4).tolist(), end)
+        subset.add(w)
+        subset.difference_update(w[c:] for c in range(1, cut))
+        subset.add(w[cut:])
+    chosen = sorted(subset, key=lambda w: (len(w), w))
     tokens = np.full((len(chosen), 5), -1)
     for i, w in enumerate(chosen):
         tokens[i, : len(w)] = w
