@@ -141,17 +141,11 @@ def current_umask() -> int:
                     return int(line.split()[1], 8)
     except (OSError, ValueError):
         pass
-    return _UMASK_AT_IMPORT if _UMASK_AT_IMPORT is not None else _read_umask_by_setting_it()
+    return _UMASK_AT_IMPORT
 
 
-def _read_umask_by_setting_it() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return umask
-
-
-# where /proc cannot say: read once, at import, before the process starts threads
-_UMASK_AT_IMPORT = None if os.path.exists("/proc/self/status") else _read_umask_by_setting_it()
+_UMASK_AT_IMPORT = os.umask(0)  # where /proc cannot say: read at import, before any thread
+os.umask(_UMASK_AT_IMPORT)
 
 
 def temporary_sibling(path: Path, suffix: str = "") -> Path:
@@ -184,6 +178,15 @@ def stale_temporaries(final: str | os.PathLike) -> list[Path]:
     return [p for p in found if abandoned(p)]
 
 
+def _try_lock(fd: int) -> bool:
+    """An exclusive flock on `fd` if free now (False where the filesystem has no such locks)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
 def hold_temporary(path: str | os.PathLike) -> int | None:
     """Lock a temporary this process is writing (a directory or a file), so that a cleanup by
     any other process or job sees its writer alive; the kernel drops the lock when the writer
@@ -193,12 +196,10 @@ def hold_temporary(path: str | os.PathLike) -> int | None:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
+    if _try_lock(fd):
+        return fd
+    os.close(fd)
+    return None
 
 
 def abandoned(path: str | os.PathLike) -> bool:
@@ -209,12 +210,19 @@ def abandoned(path: str | os.PathLike) -> bool:
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return False
+        return _try_lock(fd)
     finally:
         os.close(fd)
-    return True
+
+
+def remove_path(path: Path) -> bool:
+    """Remove a file, link or directory tree, as far as permissions allow; whether it is gone."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+    return not os.path.lexists(path)
 
 
 @contextlib.contextmanager
@@ -237,9 +245,8 @@ def atomic_dir(
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(final), dir=final.parent))
     held = hold_temporary(tmp)
-    tmp.chmod(
-        0o777 & ~current_umask()
-    )  # mkdtemp makes it 0700; the result should look like a mkdir
+    # mkdtemp makes it 0700; the result should look like a mkdir
+    tmp.chmod(0o777 & ~current_umask())
     try:
         with storage_errors(str(final)):
             yield tmp
@@ -263,8 +270,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path), dir=path.parent)
     os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes it 0600; it should look like open()'s
-    with contextlib.suppress(OSError):  # held while fd is open: a cleanup sees a live writer
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _try_lock(fd)  # held while fd is open: a cleanup sees a live writer
     try:
         with storage_errors(str(path)), os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -23,7 +23,6 @@ import errno
 import fcntl
 import json
 import os
-import shutil
 import socket
 import sys
 import time
@@ -33,7 +32,7 @@ from pathlib import Path
 from scone_jax.artifacts.holder import ArtifactInUse, Holder
 from scone_jax.artifacts.lease import ObjectStoreLease
 from scone_jax.artifacts.table_store import Location
-from scone_jax.atomic import check_output_path, stale_temporaries
+from scone_jax.atomic import check_output_path, remove_path, stale_temporaries
 from scone_jax.errors import UserError
 from scone_jax.runtime.distributed import process_index
 
@@ -86,18 +85,12 @@ class ArtifactLock:
         it: temporaries whose writer's own lock is free (atomic.hold_temporary), so a live
         writer, even one holding another lock (a run dir's set-up), keeps its temporary."""
         for stale in stale_temporaries(self.path):
-            try:
-                if stale.is_dir() and not stale.is_symlink():
-                    shutil.rmtree(stale)
-                else:
-                    stale.unlink()
-            except OSError:
-                continue  # not ours to clean after all (another user's, read-only): leave it
-            print(
-                f"scone-jax: removed {stale}, which an interrupted write of {self.path} left",
-                file=sys.stderr,
-                flush=True,
-            )
+            if remove_path(stale):  # else not ours to clean (another user's, read-only)
+                print(
+                    f"scone-jax: removed {stale}, which an interrupted write of {self.path} left",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def _lock_the_current_file(self) -> int:
         while True:

@@ -441,8 +441,9 @@ def cmd_tag(args) -> int:
     tmp_ids = tmp_lengths = None
     try:
         with storage_errors(f"{out_ids} and {out_lengths}"):
-            tmp_ids = _tmp_sibling(out_ids)
-            tmp_lengths = _tmp_sibling(out_lengths)
+            # .npy: np.save would append it to a name without it
+            tmp_ids = temporary_sibling(out_ids, ".npy")
+            tmp_lengths = temporary_sibling(out_lengths, ".npy")
             _, lengths, _ = tag_corpus(
                 fs, corpus, tmp_ids, tmp_lengths, workers=args.workers, progress=progress
             )
@@ -461,10 +462,6 @@ def cmd_tag(args) -> int:
         f"wrote {out_ids} and {out_lengths}",
     )
     return 0
-
-
-def _tmp_sibling(path: Path) -> Path:
-    return temporary_sibling(path, ".npy")  # np.save would append .npy to a name without it
 
 
 def _report_tags(lengths, where: str) -> None:

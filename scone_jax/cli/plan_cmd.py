@@ -49,7 +49,8 @@ def run(args) -> int:
     cfg = load_config(args.config, args.overrides)
     count = args.devices if args.devices is not None else cfg.train.devices or DEFAULT_DEVICES
     if not 0 < count <= MAX_DEVICES:
-        raise UserError(f"plan --devices {count} (expected 1..{MAX_DEVICES})")
+        given = f"--devices {count}" if args.devices is not None else f"train.devices={count}"
+        raise UserError(f"plan {given} (expected 1..{MAX_DEVICES})")
     if not (math.isfinite(args.device_memory) and args.device_memory > 0):
         raise UserError(
             f"plan --device-memory {args.device_memory:g} (expected a finite size > 0 GiB)"

@@ -17,14 +17,8 @@ def combine_stats(
 ) -> dict[str, float]:
     """The metrics of the parts together; part i has `positions[i]` positions (matched or not),
     `matched[i]` of them matched."""
-    matched_all = float(np.sum(matched))
-    weights = np.asarray(matched, np.float64) / matched_all if matched_all else np.zeros(len(stats))
-    return {
-        "match_rate": matched_all / float(np.sum(positions)) if np.sum(positions) else 0.0,
-        **{k: float(np.dot(weights, [s[k] for s in stats])) for k in RATIOS_PER_MATCH},
-        **{k: int(sum(s[k] for s in stats)) for k in SUMMED},
-        "fgram_overflow": int(max(s["fgram_overflow"] for s in stats)),
-    }
+    parts = zip(stats, positions, matched, strict=True)
+    return combine_vectors(np.stack([stats_vector(s, n, m) for s, n, m in parts]))
 
 
 def stats_vector(stats: Mapping[str, float], positions: int, matched: int) -> np.ndarray:
@@ -37,19 +31,15 @@ def stats_vector(stats: Mapping[str, float], positions: int, matched: int) -> np
 
 
 def combine_vectors(rows: np.ndarray) -> dict[str, float]:
-    """`combine_stats` of parts given as `stats_vector` rows."""
+    """The metrics of parts given as `stats_vector` rows: sums, and ratios of the sums."""
     rows = np.asarray(rows, np.int64)
-    positions, matched = rows[:, 0], rows[:, 1]
-    ratios = len(RATIOS_PER_MATCH)
-    stats = [
-        {
-            **{
-                k: float(row[2 + i] / row[1]) if row[1] else 0.0
-                for i, k in enumerate(RATIOS_PER_MATCH)
-            },
-            **{k: int(row[2 + ratios + i]) for i, k in enumerate(SUMMED)},
-            "fgram_overflow": int(row[-1]),
-        }
-        for row in rows
-    ]
-    return combine_stats(stats, positions.tolist(), matched.tolist())
+    total = rows.sum(axis=0).tolist()
+    positions, matched = total[0], total[1]
+    per_match = total[2 : 2 + len(RATIOS_PER_MATCH)]
+    summed = total[2 + len(RATIOS_PER_MATCH) : -1]
+    return {
+        "match_rate": matched / positions if positions else 0.0,
+        **{k: v / matched if matched else 0.0 for k, v in zip(RATIOS_PER_MATCH, per_match)},
+        **dict(zip(SUMMED, summed, strict=True)),
+        "fgram_overflow": int(rows[:, -1].max()),
+    }

@@ -179,13 +179,8 @@ class PortProbe:
         untrusted = [
             p for p in beating if p in self.addresses and p not in self.trusted and self._usable(p)
         ]
-        untrusted.sort(key=lambda p: (p - self.process_id) % self.num_processes)
-        to_trust = set(untrusted[:PER_ROUND])
-        checked = sorted(
-            (p for p in silent if p in self.trusted),
-            key=lambda p: (p - self.process_id) % self.num_processes,
-        )
-        to_check = set(checked[:PER_ROUND])
+        to_trust = self._first_of_round(untrusted)
+        to_check = self._first_of_round(p for p in silent if p in self.trusted)
         if not to_trust and not to_check:
             return set()
         found = probe({p: self.addresses[p] for p in to_trust | to_check})
@@ -195,6 +190,11 @@ class PortProbe:
             else:
                 self._tries[p] = TRUST_TRIES if found[p] == GONE else self._tries[p] + 1
         return {p for p in to_check if found[p] == GONE}
+
+    def _first_of_round(self, peers: Iterable[int]) -> set[int]:
+        """At most `PER_ROUND` of `peers`, those next after this process first."""
+        nearest = sorted(peers, key=lambda p: (p - self.process_id) % self.num_processes)
+        return set(nearest[:PER_ROUND])
 
     def _usable(self, peer: int) -> bool:
         return self._tries[peer] < TRUST_TRIES

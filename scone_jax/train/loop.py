@@ -34,7 +34,7 @@ from scone_jax.artifacts.run_dir import (
     run_id,
     save_run_config,
 )
-from scone_jax.atomic import abandoned, atomic_write_json
+from scone_jax.atomic import abandoned, atomic_write_json, remove_path
 from scone_jax.config import Config
 from scone_jax.data.dataset import META_FILE
 from scone_jax.data.prepare import dataset_path
@@ -98,14 +98,7 @@ def _remove_temporaries(run_dir: Path) -> None:
     atomic_write's temporaries); train holds the run dir's lock, and its peers wait."""
     for path in run_dir.glob(".*.tmp-*"):
         if abandoned(path):  # a live writer holds its temporary's lock (atomic.hold_temporary)
-            _remove(path)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
+            remove_path(path)
 
 
 def _check_same_dataset(run_dir: Path, cfg: Config) -> None:
@@ -134,7 +127,7 @@ def _undo_setup(run_dir: Path, fresh: bool, never_started: bool) -> None:
     elif never_started:
         for path in run_dir.iterdir():
             if path.name != CONFIG_FILE:
-                _remove(path)
+                remove_path(path)
 
 
 def train(cfg: Config) -> dict:

@@ -39,17 +39,26 @@ def test_each_process_reads_its_own_rows_of_the_global_batch(tmp_path, rng):
     assert "[p0] DATA OK" in job.lines and "[p1] DATA OK" in job.lines
 
 
-def test_a_killed_peer_is_found_dead_by_its_port():
-    job = worker_job(2, "hang", env=FAST)
+GONE = (
+    r"^\[p0\] scone-jax: process 1 of 2 is gone \(no heartbeat for \d+s and its liveness port "
+    r"refuses connections\){after}; stopping process 0\. Rerun"
+)
+
+
+def kill_once_trusted(job, ready: str) -> None:
+    """SIGKILL process 1 once `ready` is printed and its port has had time to be trusted (it is
+    once it answered while its process beat: the first beats)."""
     victim = job.pid(1)
-    job.wait_for(r"^\[p0\] STEP 10$")
-    time.sleep(3)  # a port is trusted once it answered while its process beat (the first beats)
+    job.wait_for(ready)
+    time.sleep(5)
     os.kill(victim, signal.SIGKILL)
     job.finish(60)
-    job.wait_for(
-        r"^\[p0\] scone-jax: process 1 of 2 is gone \(no heartbeat for \d+s and its liveness "
-        r"port refuses connections\)(, after a collective failed)?; stopping process 0\. Rerun"
-    )
+
+
+def test_a_killed_peer_is_found_dead_by_its_port():
+    job = worker_job(2, "hang", env=FAST)
+    kill_once_trusted(job, r"^\[p0\] STEP 10$")
+    job.wait_for(GONE.format(after="(, after a collective failed)?"))
     assert job.status(0) == 75 and job.status(1) == -signal.SIGKILL
 
 
@@ -77,15 +86,8 @@ def test_a_peer_killed_while_the_others_wait_at_a_barrier_is_found_dead():
     # no collective fails at a coordination barrier (orbax waits at one around each checkpoint
     # save); the peer timeout is long here, so the port is what finds the dead peer
     job = worker_job(2, "barrier-hang", "1", env={"SCONE_PEER_TIMEOUT": "60"})
-    victim = job.pid(1)
-    job.wait_for(r"^\[p1\] HANGING$")
-    time.sleep(5)  # a port is trusted once it answered while its process beat (the first beats)
-    os.kill(victim, signal.SIGKILL)
-    job.finish(60)
-    job.wait_for(
-        r"^\[p0\] scone-jax: process 1 of 2 is gone \(no heartbeat for \d+s and its liveness "
-        r"port refuses connections\); stopping process 0\. Rerun"
-    )
+    kill_once_trusted(job, r"^\[p1\] HANGING$")
+    job.wait_for(GONE.format(after=""))
     assert job.status(0) == 75 and job.status(1) == -signal.SIGKILL
 
 
