@@ -16,6 +16,10 @@ A peer killed while this process waits outside a collective (a coordination barr
 orbax's around a checkpoint save) raises nothing here; a peer silent for `PROBE_AFTER_S` whose
 liveness port refuses connections is dead (runtime/liveness.py), so that case too ends within
 seconds. A peer that is silent but alive (paused, starved) is lost after the peer timeout.
+
+The process that finds the cause publishes it before it stops, and its peers stop naming that
+cause: otherwise, in a job of three or more, a peer slower to notice would name the stopping
+process (or, when process 0 stops, the coordination service) instead of the one that failed.
 """
 
 from __future__ import annotations
@@ -64,6 +68,21 @@ class PeerMonitor:
             self._beat_after[p] > moment or f"{KV_PREFIX}/exiting/{p}" in entries
             for p in self.peers
         )
+
+    def beating(self, now: float) -> list[int]:
+        """The peers whose heartbeat changed within `PROBE_AFTER_S` of `now`."""
+        return [p for p in self.peers if now - self._last[p][1] < PROBE_AFTER_S]
+
+    def reported(self, entries: Mapping[str, str]) -> str | None:
+        """The cause a peer published when it stopped, naming that peer, or None (also while a
+        peer's own failure is published: `observe` names that)."""
+        if any(f"{KV_PREFIX}/failed/{p}" in entries for p in self.peers):
+            return None
+        for p in self.peers:
+            cause = entries.get(f"{KV_PREFIX}/stopping/{p}")
+            if cause is not None:
+                return f"{cause} (found by process {p})"
+        return None
 
     def observe(
         self,
@@ -177,11 +196,14 @@ class Watchdog:
                 continue  # this process is already on its way out; it only keeps the heartbeat
             for p in self.monitor.peers:
                 self._probe.learn(p, entries.get(f"{KV_PREFIX}/port/{p}"))
+            reported = self.monitor.reported(entries)
+            if reported:
+                self._die(reported, publish=False)
             pending = self._pending
             limit = min(self.timeout_s, AFTER_ERROR_S) if pending else None
             verdict = self.monitor.observe(entries, time.monotonic(), limit, self._find_gone)
             if verdict:
-                self._die(verdict + (", after a collective failed" if pending else ""))
+                self._die(verdict, ", after a collective failed" if pending else "")
             if pending is not None and self.monitor.all_alive_since(pending[2], entries):
                 self._publish(
                     pending[0], pending[1]
@@ -203,19 +225,28 @@ class Watchdog:
                 )
             return set()
 
-    def _die(self, verdict: str) -> None:
-        try:
-            self._set("acked", "1")  # lets a failed coordinator know its message was read
-        except Exception:  # noqa: BLE001
-            pass
+    def _die(self, verdict: str, detail: str = "", publish: bool = True) -> None:
+        """End this process with one line, printed first: once this process acknowledges, a
+        coordinator waiting for that may leave and take the runtime, and this process, down.
+        `publish` the cause for the peers (not when it is a peer's published cause); process 0
+        hosts the key-value store, so it then waits, briefly, until the peers beating have read it.
+        """
         logged = self._log_pending_traceback()
         print(
-            f"scone-jax: {verdict}; stopping process {self.process_id}. Rerun the job to resume "
-            f"(training from its last checkpoint, an export from its finished rows)."
+            f"scone-jax: {verdict}{detail}; stopping process {self.process_id}. Rerun the job to "
+            "resume (training from its last checkpoint, an export from its finished rows)."
             + (f" This process's traceback: {logged}" if logged else ""),
             file=sys.stderr,
             flush=True,
         )
+        try:
+            if publish:
+                self._set("stopping", verdict)
+            self._set("acked", "1")  # lets a stopping coordinator know its news was read
+        except Exception:  # noqa: BLE001
+            pass
+        if self.process_id == 0:
+            self._await_peers(self.monitor.beating(time.monotonic()))
         os._exit(PEER_LOST_EXIT_CODE)
 
     def _log_pending_traceback(self) -> Path | None:
@@ -281,20 +312,25 @@ class Watchdog:
         # Failed: skip jax's shutdown barrier (the peers are stopping, not coming to it). The
         # coordinator hosts the key-value store, so it waits until the peers have read the failure.
         if self.process_id == 0:
-            deadline = time.monotonic() + min(self.timeout_s, 3 * self.interval_s + 5)
-            while time.monotonic() < deadline and not self._peers_gone():
-                time.sleep(0.1)
+            self._await_peers(self.monitor.peers, extra_s=5)
         self._stop.set()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(self._failed_code)
 
-    def _peers_gone(self) -> bool:
+    def _await_peers(self, peers: list[int], extra_s: float = 0.0) -> None:
+        """Wait until each of `peers` has read this process's news (it acknowledged, failed or
+        exited), for at most a few heartbeat intervals."""
+        deadline = time.monotonic() + min(self.timeout_s, 3 * self.interval_s + extra_s)
+        while time.monotonic() < deadline and not self._have_read(peers):
+            time.sleep(0.1)
+
+    def _have_read(self, peers: list[int]) -> bool:
         try:
             entries = dict(self.client.key_value_dir_get(f"{KV_PREFIX}/"))
         except Exception:  # noqa: BLE001
             return True
         return all(
             any(f"{KV_PREFIX}/{k}/{p}" in entries for k in ("acked", "failed", "exiting"))
-            for p in self.monitor.peers
+            for p in peers
         )

@@ -91,6 +91,25 @@ def test_a_peer_killed_while_the_others_wait_at_a_barrier_is_found_dead():
     assert job.status(0) == 75 and job.status(1) == -signal.SIGKILL
 
 
+def test_every_survivor_of_three_names_the_dead_peer():
+    # whichever survivor finds process 2 dead first stops; the other must not name the stopping
+    # process (nor, when process 0 stops first, the coordination service it hosted)
+    job = worker_job(3, "barrier-hang", "2", devices=2, env={"SCONE_PEER_TIMEOUT": "60"})
+    victim = job.pid(2)
+    job.wait_for(r"^\[p2\] HANGING$")
+    time.sleep(5)  # long enough for both survivors to trust its port
+    os.kill(victim, signal.SIGKILL)
+    job.finish(60)
+    for survivor in (0, 1):
+        job.wait_for(
+            rf"^\[p{survivor}\] scone-jax: process 2 of 3 is gone \(no heartbeat for \d+s and its "
+            rf"liveness port refuses connections\)( \(found by process [01]\))?; stopping "
+            rf"process {survivor}\. Rerun"
+        )
+        assert job.status(survivor) == 75
+    assert "coordination service" not in job.output and "lost the coordinator" not in job.output
+
+
 def test_a_failing_peer_stops_the_others_at_once():
     # without the failure report, process 0 would wait in its collective until jax's shutdown
     # timeout (SCONE_SHUTDOWN_TIMEOUT, 120 s); the peer timeout is long here, so it is not what

@@ -1,6 +1,7 @@
 """The watchdog's decision after a runtime error, against an in-memory key-value store: a peer
 gone silent is lost after the short limit (not the whole peer timeout), with the error's
-traceback in a file; with every peer alive, the error is published as this process's own."""
+traceback in a file; with every peer alive, the error is published as this process's own. A
+process that stops publishes why, and its peers stop naming that cause."""
 
 from __future__ import annotations
 
@@ -40,10 +41,11 @@ def watchdog(monkeypatch, tmp_path):
     client = FakeClient()
     dog = Watchdog(client, 0, 2, 60.0, "localhost:1")
     dog.log_dir = tmp_path / "logs"
-    dog.verdicts, dog.ended = [], threading.Event()
+    dog.verdicts, dog.published, dog.ended = [], [], threading.Event()
 
-    def record(verdict):
-        dog.verdicts.append((verdict, dog._log_pending_traceback()))
+    def record(verdict, detail="", publish=True):
+        dog.verdicts.append((verdict + detail, dog._log_pending_traceback()))
+        dog.published.append(publish)
         dog._stop.set()
         dog.ended.set()
 
@@ -193,6 +195,66 @@ def test_a_runtime_error_of_its_own_is_published_while_the_peer_beats(watchdog):
     assert watchdog.client.kv[f"{KV_PREFIX}/failed/0"] == (
         "JaxRuntimeError: INTERNAL: gloo: Connection reset by peer"
     )
+
+
+def test_a_peer_that_stopped_is_not_blamed_for_the_cause_it_published(watchdog):
+    """In a job of three, process 1 found process 2 dead and stopped: this process names process
+    2, as process 1 found it, and does not publish that again."""
+    watchdog.client.kv[f"{KV_PREFIX}/beat/1"] = "1"
+    wait_for_beat(watchdog, 2)
+    cause = "process 2 of 3 is gone (no heartbeat for 3s and its liveness port refuses connections)"
+    watchdog.client.kv[f"{KV_PREFIX}/stopping/1"] = cause
+    assert watchdog.ended.wait(10), "no verdict 10 s after a peer published why it stopped"
+    assert watchdog.verdicts == [(f"{cause} (found by process 1)", None)]
+    assert watchdog.published == [False]
+
+
+def test_a_published_failure_is_named_before_a_peer_s_report_of_it():
+    m = PeerMonitor(process_id=0, num_processes=3, timeout_s=60, now=0.0)
+    entries = {
+        f"{KV_PREFIX}/failed/2": "RuntimeError: bug",
+        f"{KV_PREFIX}/stopping/1": "process 2 of 3 failed (RuntimeError: bug)",
+    }
+    assert m.reported(entries) is None
+    assert m.observe(entries, now=1.0) == "process 2 of 3 failed (RuntimeError: bug)"
+    del entries[f"{KV_PREFIX}/failed/2"]
+    assert m.reported(entries) == "process 2 of 3 failed (RuntimeError: bug) (found by process 1)"
+
+
+class Exited(Exception):
+    """What the patched os._exit raises, with the key-value store as it was at the exit."""
+
+
+@pytest.mark.parametrize("process_id", [0, 1])
+def test_a_stopping_process_publishes_its_cause_and_the_coordinator_waits_for_it_to_be_read(
+    monkeypatch, capsys, process_id
+):
+    """Process 0 hosts the store: if it left at once, a peer that had not yet read the cause
+    would see only the coordination service vanish."""
+    client = FakeClient()
+    dog = Watchdog(client, process_id, 3, 60.0, "localhost:1")
+    beating_peer = 2 if process_id == 0 else 0
+    beats = {f"{KV_PREFIX}/beat/{beating_peer}": "1"}  # the other peer is silent: not waited for
+    dog.monitor.observe(beats, now=dog.monitor._looked_at + 0.1)
+
+    def exit_(code):
+        raise Exited(code, dict(client.kv))
+
+    def reader():  # the beating peer reads the cause a little later and acknowledges it
+        threading.Event().wait(0.5)
+        client.kv[f"{KV_PREFIX}/acked/{beating_peer}"] = "1"
+
+    monkeypatch.setattr(watchdog_module.os, "_exit", exit_)
+    threading.Thread(target=reader, daemon=True).start()
+    cause = "process 1 of 3 is gone" if process_id == 0 else "process 2 of 3 is gone"
+    with pytest.raises(Exited) as exited:
+        dog._die(cause)
+    code, kv = exited.value.args
+    assert code == watchdog_module.PEER_LOST_EXIT_CODE
+    assert kv[f"{KV_PREFIX}/stopping/{process_id}"] == cause
+    # only the coordinator waits for its news to be read
+    assert (f"{KV_PREFIX}/acked/{beating_peer}" in kv) == (process_id == 0)
+    assert f"scone-jax: {cause}; stopping process {process_id}. Rerun" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
