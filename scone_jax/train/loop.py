@@ -1,18 +1,17 @@
 """The training loop: resume, step, log, evaluate, checkpoint, stop cleanly on a signal.
 
-Order inside one iteration: run the jitted step, fetch its metrics, refuse a non-finite loss
-(before anything is saved), write metrics, evaluate when due, then let the checkpointer save
-on its interval: a checkpoint comes after every record of its step, so a resume (which cuts
-the log back to the checkpoint's step) never loses or repeats one.
+Order: queue the jitted step, then record the step before it (train/records.py: its metrics
+are read while this one runs; a non-finite loss is refused there, before anything is saved).
+A step that is evaluated or saved, the last one, or one a signal stops at is recorded at once,
+then evaluated, then offered to the checkpointer: a checkpoint comes after every record of its
+step, so a resume (which cuts the log back to the checkpoint's step) never loses or repeats one.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import signal
-import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -39,18 +38,13 @@ from scone_jax.config import Config
 from scone_jax.data.dataset import META_FILE
 from scone_jax.data.prepare import dataset_path
 from scone_jax.errors import Terminated, UserError
-from scone_jax.forest.stats import combine_vectors, stats_vector
-from scone_jax.metrics.flops import peak_flops
 from scone_jax.metrics.writers import MetricsWriter
 from scone_jax.progress import progress_bar
 from scone_jax.runtime.distributed import barrier, report_failure
 from scone_jax.train.init_from import initial_state
 from scone_jax.train.profile import StepProfiler
+from scone_jax.train.records import StepRecorder
 from scone_jax.train.session import evaluate, open_session
-
-
-class TrainingDiverged(UserError):
-    pass
 
 
 @contextmanager
@@ -78,19 +72,6 @@ def stop_agreed(received: list[int]) -> int:
 
     everyone = np.ravel(multihost_utils.process_allgather(mine))
     return int(next((s for s in everyone if s), 0))
-
-
-def step_fgram_stats(batch: dict) -> dict[str, float]:
-    """The f-gram metrics of the global batch: each process built the forests of its own rows,
-    so in a multi-process job their counts are combined (one small gather per step)."""
-    stats = batch["fgram_stats"]
-    if jax.process_count() == 1:
-        return stats
-    from jax.experimental import multihost_utils
-
-    ids = batch["fgram_ids"]
-    mine = stats_vector(stats, ids.size, int((ids >= 0).sum())).astype(np.int32)
-    return combine_vectors(np.asarray(multihost_utils.process_allgather(mine)))
 
 
 def _remove_temporaries(run_dir: Path) -> None:
@@ -240,9 +221,6 @@ def train(cfg: Config) -> dict:
         return summary
 
     train_step, eval_step = session.train_step(), session.eval_step()
-    tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
-    peak = peak_flops()
-    overflows = 0
     bar = progress_bar(  # off a terminal the metrics lines below are the progress
         "train",
         total=total,
@@ -251,13 +229,14 @@ def train(cfg: Config) -> dict:
         disable=not (cfg.logging.progress and is_main),
         plain_lines=False,
     )
+    recorder = StepRecorder(session, writer, bar, summary, ckpt.latest_step, start)
     batches = session.train_stream.iterate(start)
     profiler = StepProfiler(run_dir, cfg.train)
     step, stopped_by = start, None
     logged = (
         start  # the last step whose state is sound and whose records are all written: safe to save
     )
-    window_start, window_steps, window_flops = time.perf_counter(), 0, 0.0
+    unread = None  # the step queued last whose metrics are not read yet, with what records it
     clean = False
     # through the final save too: a second SIGTERM (srun ending the step) must not cut it short
     with stop_on_signals() as received:
@@ -267,56 +246,32 @@ def train(cfg: Config) -> dict:
                     batch = next(batches)
                     global_batch = session.to_global(batch)
                     state, metrics = train_step(state, global_batch)
-                    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                if "fgram_stats" in batch:
-                    stats = step_fgram_stats(batch)
-                    overflows += stats["fgram_overflow"]
-                    metrics.update(stats, fgram_overflow=overflows)
                 step += 1
                 profiler.after(step, state)
-                window_steps += 1
-                metrics["step_flops"] = session.flops_per_step(global_batch)
-                window_flops += metrics["step_flops"]
-                if step == start + 1:  # the first step includes compilation: keep it out of timings
-                    window_start, window_steps, window_flops = time.perf_counter(), 0, 0.0
-                if not math.isfinite(metrics["loss"]):
-                    raise TrainingDiverged(
-                        f"loss is {metrics['loss']} at step {step} (lr={metrics['lr']:.3g}, "
-                        f"grad_norm={metrics['grad_norm']:.3g}); last checkpoint: step "
-                        f"{ckpt.latest_step()}"
-                    )
-                log_now = step % cfg.train.log_every == 0 or step == total
-                if log_now and window_steps:
-                    elapsed = time.perf_counter() - window_start
-                    step_time = elapsed / window_steps
-                    achieved = window_flops / elapsed / len(jax.devices())
-                    metrics.update(
-                        step_time_s=step_time,
-                        tokens_per_s=tokens_per_step / step_time,
-                        tflops_per_device=achieved / 1e12,
-                    )
-                    if peak:
-                        metrics["mfu"] = achieved / peak
-                    window_start, window_steps, window_flops = time.perf_counter(), 0, 0.0
-                    bar.set_postfix(
-                        loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}"
-                    )
-                writer.write(step, metrics, echo=log_now)
-                summary["final_loss"] = metrics["loss"]
-                bar.update(1)
-                if (cfg.train.eval_every and step % cfg.train.eval_every == 0) or step == total:
-                    results = evaluate(session, eval_step, state["params"])
-                    for name, result in results.items():
-                        writer.write(step, {"set": name, **result}, kind="eval")
-                        summary.setdefault("eval", {})[name] = result
-                    if best:
-                        best.offer(step, results, state)
-                    window_start, window_steps, window_flops = time.perf_counter(), 0, 0.0
-                logged = step
-                if best and ckpt.due(step):
-                    best.wait()
-                ckpt.maybe_save(step, state)
-                if stop := stop_agreed(received):
+                if unread is not None:  # the step before, read while this one runs
+                    before, unread = unread, None
+                    recorder.record(*before)
+                unread = (step, metrics, batch, global_batch)
+                evaluating = (cfg.train.eval_every and step % cfg.train.eval_every == 0) or (
+                    step == total
+                )
+                stop = stop_agreed(received)
+                if evaluating or ckpt.due(step) or stop:  # its state is used: record it now
+                    current, unread = unread, None
+                    recorder.record(*current)
+                    if evaluating:
+                        results = evaluate(session, eval_step, state["params"])
+                        for name, result in results.items():
+                            writer.write(step, {"set": name, **result}, kind="eval")
+                            summary.setdefault("eval", {})[name] = result
+                        if best:
+                            best.offer(step, results, state)
+                        recorder.restart_window()
+                    logged = step
+                    if best and ckpt.due(step):
+                        best.wait()
+                ckpt.maybe_save(step, state)  # saves on its interval; else seals finished saves
+                if stop:
                     stopped_by = signal.Signals(stop).name
                     break
             clean = True
@@ -328,6 +283,10 @@ def train(cfg: Config) -> dict:
             profiler.close()
             # a save is collective: after an error on one process its peers cannot join one
             can_save = clean or jax.process_count() == 1
+            if can_save and unread is not None:  # failed with a step queued but not recorded
+                with suppress(Exception):  # a diverged or broken step is not saved
+                    recorder.record(*unread)
+                    logged = step
             try:
                 if can_save and step > start and logged == step and ckpt.latest_step() != step:
                     if best:
