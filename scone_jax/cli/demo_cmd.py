@@ -40,6 +40,7 @@ def _demo(cfg, out: Path) -> int:
     from scone_jax.artifacts.run_dir import CONFIG_FILE, checkpoints_dir
     from scone_jax.artifacts.table_store import META, parse_location, read_json
     from scone_jax.cli.generate_cmd import continuation
+    from scone_jax.cli.train_cmd import stop_status
     from scone_jax.evaluation.run import evaluate_run
     from scone_jax.export.backbone import export_backbone
     from scone_jax.export.table import export_table
@@ -50,6 +51,9 @@ def _demo(cfg, out: Path) -> int:
     from scone_jax.train.session import HELDOUT
 
     summary = train(cfg)
+    if stopped := stop_status(summary):  # train said where it saved; nothing half-trained ships
+        print("demo stopped before its exports; rerun the same command to finish it", flush=True)
+        return stopped
     run_dir = Path(summary["run_dir"])
     table, backbone = out / "table", out / "backbone"
     # the demo owns its exports: one of another checkpoint (or an older fingerprint) is redone

@@ -53,6 +53,12 @@ def run(args) -> int:
         writing([("run_dir", cfg.run_dir)], args.command_line),
     ):
         summary = train(cfg)
+    return stop_status(summary)
+
+
+def stop_status(summary: dict) -> int:
+    """The exit status a training that returned `summary` ends with: 0 when it finished, 143 or
+    130 when a SIGTERM or SIGINT stopped it (saved; the same command resumes)."""
     if summary.get("late_signal"):  # finished as the signal came: its sender may send another
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if summary["status"].startswith("stopped by"):

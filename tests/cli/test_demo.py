@@ -129,3 +129,21 @@ def test_a_rerun_redoes_exports_that_another_checkpoint_made(demo, tmp_path):
     current = run_fingerprint(out / "run", agreed_checkpoint(out / "run"))
     for meta in (out / "table" / "meta.json", out / "backbone" / "meta.json"):
         assert json.loads(meta.read_text())["checkpoint_fingerprint"] == current
+
+
+def test_a_demo_stopped_by_a_signal_exports_nothing_and_says_so(tmp_path):
+    import signal
+
+    from tests.train.helpers import cli, wait_for_step
+
+    out = tmp_path / "out"
+    steps = [a for a in TINY if not a.startswith("train.steps=")] + ["train.steps=400"]
+    proc = cli(["demo", "--out", str(out), *steps])
+    wait_for_step(out / "run", 2, proc)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 143, stdout[-2000:] + stderr[-3000:]
+    assert "SIGTERM: saved step" in stdout
+    assert "demo stopped before its exports; rerun the same command to finish it" in stdout
+    assert "demo finished" not in stdout
+    assert not (out / "table").exists() and not (out / "backbone").exists()
