@@ -59,6 +59,9 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+MAX_ROWS = 2**32  # beyond any table (S < 2**31): tensorstore refuses shards far larger
+
+
 def run(args) -> int:
     from scone_jax.artifacts.lock import writing
     from scone_jax.artifacts.restore import agreed_checkpoint
@@ -70,8 +73,11 @@ def run(args) -> int:
     from scone_jax.export.table import export_table
 
     for name in ("batch_rows", "range_rows", "shard_rows"):
-        if getattr(args, name) <= 0:
-            raise UserError(f"--{name.replace('_', '-')}={getattr(args, name)} (expected > 0)")
+        if not 0 < getattr(args, name) <= MAX_ROWS:
+            raise UserError(
+                f"--{name.replace('_', '-')}={getattr(args, name)} (expected 1..2**32; a table "
+                "holds at most 2**31 rows)"
+            )
     if not (args.out or args.backbone_out or args.hf_out):
         raise UserError(
             "give --out TABLE_URL (the f-gram table), --backbone-out DIR, --hf-out DIR, or several"
@@ -160,7 +166,8 @@ def check_apart(outputs) -> None:
 
 def check_outputs(args) -> None:
     """Refuse unusable output paths before the f-gram model runs: a local --out that exists but is
-    not a table (never replaced, even with --overwrite), a --backbone-out or --hf-out that exists
+    neither a table nor, with --overwrite, an empty directory (anything else is never replaced),
+    a --backbone-out or --hf-out that exists
     without --overwrite, and with it one that is not an export of its kind or holds the working
     directory (`check_replaceable`)."""
     from scone_jax.artifacts.backbone import BACKBONE_KIND, BACKBONE_MARKER
@@ -172,10 +179,11 @@ def check_outputs(args) -> None:
     table = parse_location(args.out).local_path if args.out else None
     if table is not None:
         check_output_path(table, "--out")
-        if table.exists() and not (table / META).is_file():
+        empty = table.is_dir() and not any(table.iterdir())
+        if table.exists() and not (table / META).is_file() and not (args.overwrite and empty):
             raise UserError(
                 f"--out {args.out} exists and is not an f-gram table (expected a new path, "
-                "or an exported table to replace with --overwrite)"
+                "or an exported table or empty directory to replace with --overwrite)"
             )
     for flag, out, marker, kind in (
         ("--backbone-out", args.backbone_out, BACKBONE_MARKER, BACKBONE_KIND),

@@ -357,6 +357,7 @@ def export_table(
             f"{fgram_set.fingerprint[:12]}, expected {run.info['fgram_set_fingerprint'][:12]})"
         )
     num_rows, width = len(fgram_set.lengths), run.cfg.model.d_model
+    batch_rows = min(batch_rows, num_rows)  # the buffers are sized by it
     chunk_rows = chunk_rows or default_chunk_rows(width, dtype, shard_rows)
     rows_per_device = -(-batch_rows // data_parallel(run.mesh))
     run = on_local_devices(run)

@@ -51,6 +51,15 @@ def test_float32_table_equals_the_fgram_model(run):
     assert not (root / "t32.partial").exists()
 
 
+def test_a_batch_larger_than_the_table_is_the_whole_table_at_once(run):
+    """The buffers are sized by the batch: one of 10**12 rows would not fit in memory."""
+    run_dir, root = run
+    export_table(run_dir, str(root / "one_batch"), progress=False, batch_rows=10**12)
+    expected, _ = live_rows(run_dir)
+    got = open_table(str(root / "one_batch"), "host").gather(np.arange(len(expected)))
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype, rel", [("bfloat16", 2**-8), ("int8", 1 / 127)])
 def test_low_precision_tables_are_within_their_stated_tolerance(run, dtype, rel):
     """bfloat16: relative error <= 2^-8 per element; int8: <= half a step, i.e. max|row| / 254."""
@@ -245,3 +254,18 @@ def test_one_export_reads_one_step_even_if_a_checkpoint_lands_midway(run, tmp_pa
     table_step = json.loads((tmp_path / "t" / "meta.json").read_text())["checkpoint_step"]
     backbone_meta = json.loads((tmp_path / "b" / "meta.json").read_text())
     assert backbone_meta["checkpoint_step"] == table_step < 999
+
+
+def test_an_empty_directory_takes_the_table_with_overwrite_only(run, capsys):
+    from scone_jax.cli.main import main
+
+    run_dir, root = run
+    empty = root / "empty"
+    empty.mkdir()
+    args = ["export", str(run_dir), "--out", str(empty), "--no-progress"]
+    assert main(args) == 2
+    assert "exists and is not an f-gram table" in capsys.readouterr().err
+    assert main([*args, "--overwrite"]) == 0
+    expected, _ = live_rows(run_dir)
+    got = open_table(str(empty), "host").gather(np.arange(len(expected)))
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)

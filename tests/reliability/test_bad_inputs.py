@@ -820,7 +820,12 @@ CASES = [
     (
         "export-zero-batch-rows",
         ["export", RUN, "--out", "{tmp}/table", "--batch-rows", "0"],
-        "--batch-rows=0 (expected > 0)",
+        "--batch-rows=0 (expected 1..2**32",
+    ),
+    (
+        "export-huge-shard-rows",
+        ["export", RUN, "--out", "{tmp}/table", "--shard-rows", "99999999999"],
+        "--shard-rows=99999999999 (expected 1..2**32",
     ),
     (
         "export-unknown-dtype",
