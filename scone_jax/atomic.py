@@ -144,6 +144,12 @@ def current_umask() -> int:
     return _UMASK_AT_IMPORT
 
 
+def plain_permissions(path: str | os.PathLike) -> None:
+    """Give a file a library created 0600 (as safetensors does) the mode `open()` would give it,
+    so that others may read an output shared with them, as every other file of it."""
+    os.chmod(path, 0o666 & ~current_umask())
+
+
 _UMASK_AT_IMPORT = os.umask(0)  # where /proc cannot say: read at import, before any thread
 os.umask(_UMASK_AT_IMPORT)
 

@@ -21,6 +21,7 @@ from safetensors import SafetensorError
 from safetensors.flax import load_file
 from safetensors.numpy import save_file
 
+from scone_jax.atomic import plain_permissions
 from scone_jax.config.schema import ModelConfig
 from scone_jax.errors import UserError
 
@@ -317,6 +318,7 @@ def from_hf_tensors(tensors: dict[str, np.ndarray], cfg: ModelConfig, where: str
 
 def write_weights(directory: Path, tensors: dict[str, np.ndarray], name: str = WEIGHTS) -> None:
     save_file(tensors, str(directory / name), metadata={"format": "pt"})
+    plain_permissions(directory / name)
 
 
 def read_checkpoint(directory: str | Path) -> tuple[dict, dict[str, np.ndarray]]:

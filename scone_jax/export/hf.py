@@ -26,7 +26,7 @@ from scone_jax.artifacts.hf_checkpoint import (
 )
 from scone_jax.artifacts.restore import host_params, load_run_params
 from scone_jax.artifacts.run_dir import CheckpointChoice
-from scone_jax.atomic import atomic_dir
+from scone_jax.atomic import atomic_dir, plain_permissions
 from scone_jax.config.schema import ModelConfig
 from scone_jax.data.dataset import META_FILE
 from scone_jax.data.hf_tokenizer import HFTokenizer
@@ -124,6 +124,7 @@ def _write_table(directory: Path, table: HostTable, combine: str, info: dict) ->
     keys = np.asarray(fs.tokens, np.int32)
     lengths = np.asarray(fs.lengths, np.int32)
     save_file({"rows": rows, "keys": keys, "lengths": lengths}, str(directory / TABLE_FILE))
+    plain_permissions(directory / TABLE_FILE)
     scone = {
         "format": "scone-hf/1",
         "table": TABLE_FILE,

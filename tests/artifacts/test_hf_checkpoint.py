@@ -143,3 +143,16 @@ def test_the_settings_our_model_computes_are_accepted_as_written_or_left_out():
         fixed = {field for _, change, _ in CHANGED_FUNCTION for field in change}
         bare = {k: v for k, v in config.items() if k not in fixed}  # transformers' defaults
         assert model_fields(bare, "ckpt") == model_fields(config, "ckpt")
+
+
+def test_weights_get_the_permissions_of_any_other_output(tmp_path):
+    """safetensors creates its file 0600: a checkpoint shared with a serving account would be
+    unreadable to it."""
+    import os
+
+    old = os.umask(0o022)
+    try:
+        write_weights(tmp_path, {"w": np.zeros((2, 3), np.float32)})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "model.safetensors").stat().st_mode & 0o777 == 0o644

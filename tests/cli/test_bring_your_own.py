@@ -85,6 +85,16 @@ def flow(tmp_path_factory):
     return root
 
 
+def test_the_exported_files_are_readable_as_any_other_output(flow):
+    from scone_jax.atomic import current_umask
+
+    [table] = flow.rglob("fgram_table.safetensors")  # the Hugging Face export, not the user's
+    weights = sorted(table.parent.glob("*.safetensors"))
+    assert {p.name for p in weights} == {"model.safetensors", "fgram_table.safetensors"}
+    for path in weights:
+        assert path.stat().st_mode & 0o777 == 0o666 & ~current_umask(), path
+
+
 def test_the_snippet_adds_the_rows_and_gets_scone_jax_logits(flow, monkeypatch):
     transformers, torch = transformers_and_torch()
     trace = list((flow / "runs/scone/profile").rglob("*.xplane.pb"))
