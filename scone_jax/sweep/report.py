@@ -85,9 +85,13 @@ def _train_log(run_dir: Path) -> tuple[float | None, int]:
         if not isinstance(record, dict):
             raise UserError(f"{path} line {number} is not a JSON object")
         if record.get("kind") == "train":
-            last = max(last, int(record.get("step", 0)))
+            step, flops = record.get("step", 0), record.get("step_flops", 0)
+            for key, value in (("step", step), ("step_flops", flops)):
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise UserError(f"{path} line {number}: {key} {value!r} is not a number")
+            last = max(last, int(step))
             if "step_flops" in record:
-                total, seen = total + record["step_flops"], True
+                total, seen = total + flops, True
     return (total if seen else None), last
 
 
@@ -96,13 +100,15 @@ def point_row(name: str, run_dir: Path) -> dict:
     cfg = load_run_config(run_dir)
     info = _read_json(run_dir / RUN_INFO_FILE) or {}
     final = _read_json(run_dir / FINAL_EVAL_FILE)
+    if final is not None:  # a finished run's record: a damaged one is not a finished run
+        _require(final, ("step", "results"), str(run_dir / FINAL_EVAL_FILE))
     flops, steps_done = _train_log(run_dir)
     row: dict = {
         "point": name,
-        "status": "complete" if final else "incomplete",
+        "status": "complete" if final is not None else "incomplete",
         "scone": cfg.fgrams.enabled,
         "train_steps": cfg.train.steps,
-        "steps_done": cfg.train.steps if final else steps_done,
+        "steps_done": cfg.train.steps if final is not None else steps_done,
         "train_flops": flops,
     }
     vocab = info.get("vocab_size") or cfg.model.vocab_size

@@ -59,8 +59,18 @@ def test_an_incomplete_point_shows_how_far_it_got(sweep):
         (("points/a/metrics.jsonl", "not json\n{}\n"), "metrics.jsonl line 1 is not JSON"),
         (("points/a/final_eval.json", "[1, 2]"), "final_eval.json holds a JSON list"),
         (
-            ("points/a/final_eval.json", '{"results": {"heldout": {"perplexity": 3.0}}}'),
+            ("points/a/final_eval.json", '{"step": 3, "results": {"heldout": {"perplexity": 3}}}'),
             "results.heldout lacks bits_per_byte",
+        ),
+        (("points/a/final_eval.json", '{"results": {}}'), "final_eval.json lacks step"),
+        (("points/a/final_eval.json", "{}"), "final_eval.json lacks step, results"),
+        (
+            ("points/a/metrics.jsonl", '{"kind": "train", "step": "x"}\n{}\n'),
+            "metrics.jsonl line 1: step 'x' is not a number",
+        ),
+        (
+            ("points/a/metrics.jsonl", '{"kind": "train", "step": 1, "step_flops": null}\n'),
+            "metrics.jsonl line 1: step_flops None is not a number",
         ),
         ((PLAN_FILE, '{"name": "s"}'), "sweep.json lacks points"),
     ],
