@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import tensorstore as ts
 
+from scone_jax.artifacts.backbone import BACKBONE_MARKER
 from scone_jax.artifacts.table_store import (
     FGRAM_SET_DIR,
     FORMAT_VERSION,
@@ -50,6 +51,11 @@ def read_meta(url: str) -> tuple[Location, dict]:
     if meta is None:
         raise UserError(
             f"{url} is not a complete f-gram table (no {META}; an export may be unfinished)"
+        )
+    if loc.local_path is not None and (loc.local_path / BACKBONE_MARKER).is_file():
+        raise UserError(
+            f"{url} is an exported backbone, not an f-gram table (expected the --out of "
+            "`scone-jax export`, not its --backbone-out)"
         )
     if meta.get("format_version") != FORMAT_VERSION:
         raise UserError(

@@ -71,14 +71,20 @@ class SweepPlan:
     steps: list[Step]
     points: list[PointPlan]
 
-    def write(self) -> None:
-        """Save the expansion and each point's resolved config (checked against an earlier one
-        of a point that started)."""
+    def check(self) -> None:
+        """Refuse a point whose run directory holds a run that started with another config (a
+        sweep file or overrides changed since): a dry run says so as the real run would."""
         for pp in self.points:
             try:
                 check_run_dir(pp.config)
             except UserError as e:
                 raise UserError(f"sweep point {pp.point.name}: {e}") from None
+
+    def write(self) -> None:
+        """Save the expansion and each point's resolved config (checked against an earlier one
+        of a point that started)."""
+        self.check()
+        for pp in self.points:
             save_run_config(pp.config)  # the same run's, or one that never started
         record = {
             "name": self.spec.name,

@@ -43,6 +43,7 @@ def launcher_command(
 
 
 def dry_run(plan: SweepPlan, launcher: str, launcher_args: list[str], print_fn=print) -> None:
+    plan.check()
     print_fn(
         f"# sweep {plan.spec.name}: {len(plan.points)} points, {len(plan.steps)} commands, in "
         f"{plan.sweep_dir}"

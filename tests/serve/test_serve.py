@@ -184,3 +184,5 @@ def test_exported_backbone_serves_like_the_checkpoint(exported, rng):
     assert (root / "backbone" / "params.npz").is_file() and not any(
         k.startswith("fgram") for k in np.load(root / "backbone" / "params.npz").files
     )
+    with pytest.raises(UserError, match="is an exported backbone, not an f-gram table"):
+        open_table(str(root / "backbone"), "host")  # the export's other output, taken for it

@@ -81,6 +81,12 @@ def test_tiny_sweep_runs_skips_resumes_and_reports(markov_dataset, tmp_path, cap
     assert main(["sweep", sweep, "--out", str(out)]) == 0  # everything finished: nothing runs
     printed = capsys.readouterr().out
     assert printed.count("done already, skipped") == 7 and "running" not in printed
+    assert main(["sweep", sweep, "--out", str(out), "--dry-run"]) == 0
+    assert capsys.readouterr().out.count("# [done]") == 7
+    # other overrides make other runs: the dry run refuses them as the real run would
+    assert main(["sweep", sweep, "--out", str(out), "--dry-run", "train.steps=13"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a run with a different config (differs in train.steps)" in err
 
     lost = points / "num_fgrams-400_model_size-0.5x" / "final_eval.json"
     before = json.loads(lost.read_text())
