@@ -25,7 +25,7 @@ def evaluate_run(
     datasets: with the live f-gram model, or with an exported table (`table`, in `tier`)."""
     cfg = load_run_config(run_dir)
     checkpoint = agreed_checkpoint(run_dir, step)  # checked before any setup, read once
-    session = open_session(cfg, Path(run_dir), extra_eval)
+    session = open_session(cfg, Path(run_dir), extra_eval, build=False)
     if not session.eval_sets:
         raise UserError(
             f"run {run_dir} has no held-out split (data.eval_fraction=0); pass --dataset DIR"

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from scone_jax.artifacts.run_dir import CONFIG_FILE
 from scone_jax.config import Config
 from scone_jax.data.dataset import TokenizedDataset
 from scone_jax.data.pipeline import (
@@ -22,7 +23,7 @@ from scone_jax.data.pipeline import (
     eval_batches,
     split_documents,
 )
-from scone_jax.data.prepare import prepare_dataset
+from scone_jax.data.prepare import dataset_path, prepare_dataset
 from scone_jax.errors import UserError
 from scone_jax.metrics.flops import ModelFlops, fgram_forest_forward, model_flops
 from scone_jax.metrics.perplexity import eval_result
@@ -206,6 +207,23 @@ def _named_eval_sets(
     return sets
 
 
+def _require_built(cfg: Config, run_dir: Path) -> None:
+    missing = [
+        (what, path)
+        for what, path, needed in (
+            ("dataset", dataset_path(cfg.data, run_dir), not cfg.data.dataset),
+            ("f-gram set", run_dir / "fgrams", cfg.fgrams.enabled and not cfg.fgrams.fgram_set),
+        )
+        if needed and not (path / "meta.json").is_file()
+    ]
+    if missing:
+        what, path = missing[0]
+        raise UserError(
+            f"run {run_dir} has no {what} at {path} (removed since it trained? `scone-jax train "
+            f"{run_dir / CONFIG_FILE}` builds it again)"
+        )
+
+
 def _prepare_dataset(cfg: Config, run_dir: Path) -> TokenizedDataset:
     """Process 0 tokenizes (when the run has no dataset yet); the others wait for it, then open
     it."""
@@ -263,7 +281,14 @@ def _check_heldout_split(
         eval_batch_count(source, cfg.train.batch_size, cfg.train.eval_batches)
 
 
-def open_session(cfg: Config, run_dir: Path, extra_eval: list[str] | None = None) -> Session:
+def open_session(
+    cfg: Config, run_dir: Path, extra_eval: list[str] | None = None, build: bool = True
+) -> Session:
+    """The run's data, model and steps; training builds a missing dataset or f-gram set into the
+    run directory, a reader (`build=False`: eval) refuses it in one line, since it takes no lock
+    and must not write there."""
+    if not build:
+        _require_built(cfg, run_dir)
     dataset = _prepare_dataset(cfg, run_dir)
     vocab = cfg.model.vocab_size or dataset.vocab_size
     if vocab < dataset.vocab_size:

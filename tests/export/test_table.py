@@ -269,3 +269,18 @@ def test_an_empty_directory_takes_the_table_with_overwrite_only(run, capsys):
     expected, _ = live_rows(run_dir)
     got = open_table(str(empty), "host").gather(np.arange(len(expected)))
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_eval_refuses_a_run_whose_fgram_set_is_gone_and_writes_nothing(run, tmp_path):
+    """eval takes no lock: it must not count the f-grams again into a run directory."""
+    import shutil
+
+    from scone_jax.evaluation.run import evaluate_run
+
+    run_dir, _ = run
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    shutil.rmtree(copy / "fgrams")
+    with pytest.raises(UserError, match=r"has no f-gram set at .*copy/fgrams .* builds it again"):
+        evaluate_run(copy)
+    assert not (copy / "fgrams").exists()
