@@ -25,6 +25,19 @@ class Sampling:
             raise UserError(f"--top-k={self.top_k} (expected >= 0)")
         if not 0 < self.top_p <= 1:
             raise UserError(f"--top-p={self.top_p} (expected 0 < p <= 1)")
+        if self.temperature == 0 and (self.top_k or self.top_p < 1):
+            given = " and ".join(
+                f
+                for f, on in (
+                    (f"--top-k={self.top_k}", self.top_k),
+                    (f"--top-p={self.top_p}", self.top_p < 1),
+                )
+                if on
+            )
+            raise UserError(
+                f"{given} without --temperature (greedy decoding takes the top token; give "
+                "--temperature > 0 to sample from the top tokens)"
+            )
 
 
 GREEDY = Sampling()

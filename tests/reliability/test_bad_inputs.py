@@ -930,6 +930,11 @@ CASES = [
         "--top-k=-1",
     ),
     (
+        "generate-top-k-while-greedy",
+        ["generate", RUN, *TABLE, "--prompt", "the", "--top-k", "5", "--top-p", "0.5"],
+        "--top-k=5 and --top-p=0.5 without --temperature",
+    ),
+    (
         "generate-zero-new-tokens",
         ["generate", RUN, *TABLE, "--prompt", "the", "--max-new-tokens", "0"],
         "--max-new-tokens=0",
