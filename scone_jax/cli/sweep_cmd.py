@@ -67,6 +67,13 @@ def run(args) -> int:
     out = Path(args.out) if args.out else Path("runs") / "sweeps" / spec.name
     check_output_path(out, "sweep directory --out")
     launcher_args = shlex.split(args.launcher_args)
+    if launcher_args and args.launcher == "local":
+        from scone_jax.errors import UserError
+
+        raise UserError(
+            f"--launcher-args={args.launcher_args!r} with the local launcher, which takes none "
+            "(expected --launcher slurm, tpu or k8s)"
+        )
     if args.dry_run:
         dry_run(plan_sweep(spec, out, args.overrides), args.launcher, launcher_args)
         return 0

@@ -84,6 +84,11 @@ CASES = [
     ),
     ("sweep-no-points", ["sweep", "{w}/sweep_no_points.yaml", "--out", "{tmp}/sw"], "no points"),
     (
+        "sweep-launcher-args-locally",
+        ["sweep", "cpu_num_fgrams", "--dry-run", "--launcher-args=--nodes 4"],
+        "--launcher-args='--nodes 4' with the local launcher",
+    ),
+    (
         "sweep-grid-not-a-list",
         ["sweep", "{w}/sweep_bad_grid.yaml", "--out", "{tmp}/sw"],
         "must be a non-empty list",
