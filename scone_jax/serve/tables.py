@@ -130,7 +130,7 @@ class Table(ABC):
         ):
             raise UserError(
                 f"table {self.url} was exported from checkpoint "
-                f"{str(self.meta.get('checkpoint_fingerprint'))[:12]} (a step "
+                f"{str(self.meta.get('checkpoint_fingerprint'))[:12]} (step "
                 f"{self.meta.get('checkpoint_step')}), not the one asked for, "
                 f"{checkpoint_fingerprint[:12]} (export that checkpoint's table, or give the "
                 "run and --step this table came from)"
