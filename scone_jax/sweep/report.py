@@ -272,8 +272,10 @@ def to_markdown(plan: dict, rows: list[dict], plots: list[str]) -> str:
             _fmt(r.get("num_fgrams")),
             _fmt(r.get("max_n")),
             fgram_model,
-            f"{_fmt(r.get('accelerator_params'), 'M')} "
-            f"({_fmt(r.get('accelerator_params_non_embedding'), 'M')})",
+            f"{_fmt(r['accelerator_params'], 'M')} "
+            f"({_fmt(r['accelerator_params_non_embedding'], 'M')})"
+            if r.get("accelerator_params") is not None
+            else "",
             _fmt((r.get("inference_flops_per_token") or 0) / 1e6 or None),
             f"{r['table_bytes'] / 2**20:,.1f} MiB" if r.get("table_bytes") else "",
             _fmt(r.get("coverage"), "ratio"),

@@ -83,3 +83,15 @@ def test_a_damaged_file_is_one_line_naming_it_and_the_report_is_kept(sweep, dama
     with pytest.raises(UserError, match=message) as e:
         write_report(sweep)
     assert "\n" not in str(e.value) and (first / "results.md").read_bytes() == before
+
+
+def test_a_missing_point_is_a_row_of_blank_cells(sweep):
+    import shutil
+
+    shutil.rmtree(sweep / "points" / "b")
+    report = write_report(sweep)
+    assert rows(report)["b"]["status"] == "missing"
+    [line] = [
+        ln for ln in (report / "results.md").read_text().splitlines() if ln.startswith("| b |")
+    ]
+    assert {c.strip() for c in line.split("|")[3:-1]} == {""}, line  # no "()" for the unknown
