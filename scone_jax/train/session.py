@@ -174,7 +174,10 @@ def _named_eval_sets(
             nproc,
             transform=fgrams.transform() if fgrams else None,
         )
-    paths = list(dict.fromkeys(extra))  # a dataset named twice is evaluated once
+    spellings: dict[Path, str] = {}  # a dataset named twice (X and ./X too) is evaluated once
+    for path in extra:
+        spellings.setdefault(Path(path).absolute(), path)
+    paths = list(spellings.values())
     for name, path in zip(eval_set_names(paths), paths, strict=True):
         other = TokenizedDataset.open(path)
         if other.tokenizer_sha256 != dataset.tokenizer_sha256:

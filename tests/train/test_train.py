@@ -153,6 +153,16 @@ def test_eval_command_reports_perplexity(markov_dataset, tmp_path):
     assert all(1 < r["perplexity"] < 64 for r in out["results"].values())
 
 
+def test_an_eval_dataset_named_twice_is_evaluated_once(markov_dataset, tmp_path, monkeypatch):
+    from scone_jax.evaluation.run import evaluate_run
+
+    train(load_config("tiny", tiny_overrides(markov_dataset.path, tmp_path / "run", 4)))
+    monkeypatch.chdir(markov_dataset.path.parent)
+    name = markov_dataset.path.name
+    results = evaluate_run(tmp_path / "run", [name, f"./{name}", str(markov_dataset.path)])
+    assert set(results["results"]) == {"heldout", name}
+
+
 def test_a_finished_run_rerun_with_an_added_eval_set_evaluates_it(markov_dataset, tmp_path):
     """data.eval_datasets and train.eval_batches may change on a rerun: a finished run is
     evaluated again with them (the sets it had give the same numbers on the same batches)."""
