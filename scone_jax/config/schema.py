@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from scone_jax.errors import UserError
@@ -17,6 +18,15 @@ REMAT_POLICY_NAMES = ("none", "dots", "block")  # model/stack.py says what each 
 def _check(cond: bool, message: str) -> None:
     if not cond:
         raise UserError(message)
+
+
+def _positive(value: float) -> bool:
+    """Finite and above 0 (refuses nan and inf, which YAML's .nan and .inf spell)."""
+    return 0 < value < math.inf
+
+
+def _non_negative(value: float) -> bool:
+    return 0 <= value < math.inf
 
 
 @dataclass
@@ -80,6 +90,9 @@ class ModelConfig:
         if self.family == "llama":
             _check(self.head_dim % 2 == 0, f"llama needs an even head dim, got {self.head_dim}")
         _check(self.d_ff >= 0, f"model.d_ff={self.d_ff} (expected >= 0; 0 = family default)")
+        for name in ("rope_theta", "norm_eps", "init_std"):
+            value = getattr(self, name)
+            _check(_positive(value), f"model.{name}={value} (expected a finite value > 0)")
 
     @property
     def head_dim(self) -> int:
@@ -168,7 +181,7 @@ class FgramConfig:
             f"fgrams.block_size={self.block_size} (expected >= fgrams.max_n={self.max_n})",
         )
         _check(
-            self.size_multiplier > 0,
+            _positive(self.size_multiplier),
             f"fgrams.model_size={self.model_size!r} (expected e.g. '0.5x', '1x', '3x')",
         )
 
@@ -296,25 +309,24 @@ class OptimConfig:
     fgram_weight_decay: float | None = None  # the f-gram model's own decay (None: weight_decay)
 
     def validate(self) -> None:
-        _check(self.lr > 0, f"optim.lr={self.lr} (expected > 0)")
+        for name in ("lr", "eps", "fgram_lr_scale"):
+            value = getattr(self, name)
+            _check(_positive(value), f"optim.{name}={value} (expected a finite value > 0)")
+        for name in ("weight_decay", "grad_clip"):
+            value = getattr(self, name)
+            _check(_non_negative(value), f"optim.{name}={value} (expected a finite value >= 0)")
         _check(self.warmup_steps >= 0, f"optim.warmup_steps={self.warmup_steps} (expected >= 0)")
         _check(
             0 <= self.min_lr_ratio <= 1, f"optim.min_lr_ratio={self.min_lr_ratio} (expected 0..1)"
         )
-        _check(self.weight_decay >= 0, f"optim.weight_decay={self.weight_decay} (expected >= 0)")
         _check(
             0 <= self.beta1 < 1 and 0 <= self.beta2 < 1,
             f"optim betas ({self.beta1}, {self.beta2}) (expected in [0, 1))",
         )
-        _check(self.grad_clip >= 0, f"optim.grad_clip={self.grad_clip} (expected >= 0)")
         _check(
-            self.fgram_lr_scale > 0,
-            f"optim.fgram_lr_scale={self.fgram_lr_scale} (expected > 0)",
-        )
-        _check(
-            self.fgram_weight_decay is None or self.fgram_weight_decay >= 0,
-            f"optim.fgram_weight_decay={self.fgram_weight_decay} (expected >= 0, or null for "
-            "optim.weight_decay)",
+            self.fgram_weight_decay is None or _non_negative(self.fgram_weight_decay),
+            f"optim.fgram_weight_decay={self.fgram_weight_decay} (expected a finite value >= 0, "
+            "or null for optim.weight_decay)",
         )
 
 
