@@ -273,8 +273,9 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` via a temporary file in the same directory and a rename."""
     path = Path(path)
     check_output_path(path, "output file", is_file=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path), dir=path.parent)
+    with storage_errors(str(path)):  # a read-only or full file system refuses it here already
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path), dir=path.parent)
     os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes it 0600; it should look like open()'s
     _try_lock(fd)  # held while fd is open: a cleanup sees a live writer
     try:

@@ -41,3 +41,20 @@ def test_the_umask_is_read_without_setting_it(umask, monkeypatch):
 
     monkeypatch.setattr(atomic.os, "umask", never)
     assert atomic.current_umask() == umask
+
+
+def test_a_read_only_file_system_refusing_the_temporary_is_one_line(tmp_path, monkeypatch):
+    """A run directory on a read-only mount: its lock (beside it) is taken, then the first
+    small write fails at the temporary file, before any data is written."""
+    import errno
+    import tempfile
+
+    from scone_jax.atomic import atomic_write_bytes
+    from scone_jax.errors import UserError
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(tmp_path))
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    with pytest.raises(UserError, match=r"cannot write .*config.yaml: \[Errno 30\] Read-only"):
+        atomic_write_bytes(tmp_path / "config.yaml", b"x")
