@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 
+from scone_jax import signals
 from scone_jax.errors import Terminated, UserError
 
 COMMANDS = (
@@ -55,28 +56,31 @@ def main(argv: list[str] | None = None) -> int:
     # how the artifacts' locks name their holder (artifacts/lock.py)
     args.command_line = shlex.join(["scone-jax", *(sys.argv[1:] if argv is None else argv)])
     on_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminate) if on_main_thread else None
+    # SIGTERM (a scheduler's preemption, `kill`) and SIGINT as exceptions, so cleanups run;
+    # training installs its own handlers around the loop, which save a checkpoint first
+    previous = (
+        {s: signal.signal(s, signals.raise_for) for s in (signal.SIGTERM, signal.SIGINT)}
+        if on_main_thread
+        else {}
+    )
     try:
         code = args.func(args)
     except UserError as e:
         print(f"scone-jax {args.command}: error: {e}", file=sys.stderr)
         return UserError.exit_code
     except KeyboardInterrupt:
+        signals.handled()
         print(f"scone-jax {args.command}: interrupted", file=sys.stderr)
         return 130
     except Terminated:
+        signals.handled()
         print(f"scone-jax {args.command}: terminated (SIGTERM)", file=sys.stderr)
         return Terminated.exit_code
     finally:  # unless the command set its own (train ignores a late SIGTERM once it has saved)
-        if previous is not None and signal.getsignal(signal.SIGTERM) is _terminate:
-            signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            if signal.getsignal(s) is signals.raise_for:
+                signal.signal(s, handler)
     return int(code or 0)
-
-
-def _terminate(signum, frame):
-    """SIGTERM (a scheduler's preemption, `kill`) as an exception, so cleanups run; training
-    installs its own handler around the loop, which saves a checkpoint first."""
-    raise Terminated()
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from scone_jax.errors import Terminated, UserError
 from scone_jax.metrics.writers import MetricsWriter
 from scone_jax.progress import progress_bar
 from scone_jax.runtime.distributed import barrier, report_failure
+from scone_jax.signals import raise_lost, take_lost
 from scone_jax.train.init_from import initial_state
 from scone_jax.train.profile import StepProfiler
 from scone_jax.train.records import StepRecorder
@@ -49,8 +50,10 @@ from scone_jax.train.session import evaluate, open_session
 
 @contextmanager
 def stop_on_signals(signals=(signal.SIGTERM, signal.SIGINT)):
-    """Turn SIGTERM/SIGINT into a flag checked between steps, so the loop can save first."""
-    received: list[int] = []
+    """Turn SIGTERM/SIGINT into a flag checked between steps, so the loop can save first (one
+    whose exception was swallowed before, `scone_jax.signals`, is in it from the start)."""
+    lost = take_lost()
+    received: list[int] = [] if lost is None else [lost]
     previous = {
         s: signal.signal(s, lambda signum, _frame: received.append(signum)) for s in signals
     }
@@ -164,6 +167,7 @@ def train(cfg: Config) -> dict:
             start = 0
         else:
             start = int(jax.device_get(state["step"]))
+        raise_lost()  # a signal swallowed during set-up (in jax's gc hook, say) stops it here
     except BaseException as e:
         for part in parts:
             if part is not None:
