@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import shlex
 import signal
 import sys
@@ -15,6 +16,7 @@ import threading
 
 from scone_jax import signals
 from scone_jax.errors import Terminated, UserError
+from scone_jax.runtime import distributed
 
 COMMANDS = (
     "tokenize",
@@ -71,11 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         signals.handled()
         print(f"scone-jax {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except Terminated:
         signals.handled()
         print(f"scone-jax {args.command}: terminated (SIGTERM)", file=sys.stderr)
-        return Terminated.exit_code
+        return TERMINATED
     finally:  # unless the command set its own (train ignores a late SIGTERM once it has saved)
         for s, handler in previous.items():
             if signal.getsignal(s) is signals.raise_for:
@@ -83,5 +85,21 @@ def main(argv: list[str] | None = None) -> int:
     return int(code or 0)
 
 
+INTERRUPTED, TERMINATED = 130, Terminated.exit_code  # what a shell reports for SIGINT, SIGTERM
+
+
+def entry() -> None:
+    """The `scone-jax` program. A command a signal stopped has run its clean-ups by now; a
+    single process then ends without the interpreter's teardown, which can crash (SIGSEGV)
+    when the signal came while XLA was compiling. A process of a multi-process job exits
+    normally: its watchdog's exit handler tells the peers."""
+    code = main()
+    if code in (INTERRUPTED, TERMINATED) and not distributed.joined():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

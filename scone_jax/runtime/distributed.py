@@ -151,6 +151,11 @@ def initialize(
     return topology
 
 
+def joined() -> bool:
+    """Whether this process joined a multi-process job."""
+    return _state.get("topology") is not None
+
+
 def process_index() -> int:
     """This process's index in the job joined by `initialize()`, 0 for a single process; without
     importing jax, so commands that never touch devices can ask."""

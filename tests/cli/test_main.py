@@ -18,3 +18,35 @@ def test_overrides_after_an_option_are_overrides_and_anything_else_is_refused(ca
     with pytest.raises(SystemExit):  # a command without overrides takes none
         main(["report", "runs/x", "train.steps=3"])
     assert "unrecognized arguments: train.steps=3" in capsys.readouterr().err
+
+
+class TeardownSkipped(Exception):
+    pass
+
+
+@pytest.mark.parametrize("code", [130, 143])
+@pytest.mark.parametrize("joined", [False, True], ids=["one process", "multi-process"])
+def test_a_command_a_signal_stopped_skips_the_teardown_unless_peers_wait(monkeypatch, code, joined):
+    """The interpreter's teardown can crash (SIGSEGV) after a signal that came while XLA was
+    compiling; a multi-process job's process must still run its watchdog's exit handler."""
+    import scone_jax.cli.main as main_module
+
+    def skip_teardown(status):
+        raise TeardownSkipped(status)
+
+    monkeypatch.setattr(main_module, "main", lambda: code)
+    monkeypatch.setattr(main_module.distributed, "joined", lambda: joined)
+    monkeypatch.setattr(main_module.os, "_exit", skip_teardown)
+    with pytest.raises(SystemExit if joined else TeardownSkipped) as e:
+        main_module.entry()
+    assert e.value.args[0] == code
+
+
+def test_a_finished_command_exits_normally(monkeypatch):
+    import scone_jax.cli.main as main_module
+
+    monkeypatch.setattr(main_module, "main", lambda: 0)
+    monkeypatch.setattr(main_module.os, "_exit", lambda c: pytest.fail("skipped the teardown"))
+    with pytest.raises(SystemExit) as e:
+        main_module.entry()
+    assert e.value.code == 0
