@@ -12,18 +12,20 @@
 # --dry-run prints the gcloud command instead of running it.
 set -euo pipefail
 
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+# an option's value, or one line naming the option that lacks it
+value() { [[ $# -ge 2 && "$2" != --* ]] || { echo "tpu_vm.sh: $1 needs a value" >&2; exit 2; }; }
 
 tpu="" zone="" project="" workdir="~/scone_jax" python="python3" dry_run=0
 envs=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --tpu) tpu="$2"; shift 2 ;;
-        --zone) zone="$2"; shift 2 ;;
-        --project) project="$2"; shift 2 ;;
-        --workdir) workdir="$2"; shift 2 ;;
-        --python) python="$2"; shift 2 ;;
-        --env) envs+=("$2"); shift 2 ;;
+        --tpu) value "$@"; tpu="$2"; shift 2 ;;
+        --zone) value "$@"; zone="$2"; shift 2 ;;
+        --project) value "$@"; project="$2"; shift 2 ;;
+        --workdir) value "$@"; workdir="$2"; shift 2 ;;
+        --python) value "$@"; python="$2"; shift 2 ;;
+        --env) value "$@"; envs+=("$2"); shift 2 ;;
         --dry-run) dry_run=1; shift ;;
         -h|--help) usage 0 ;;
         --) shift; break ;;

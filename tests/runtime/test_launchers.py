@@ -196,6 +196,13 @@ def test_tpu_vm_dry_run_prints_the_gcloud_command():
     assert detect(env={"SCONE_DISTRIBUTED": "auto"}).source.startswith("jax cluster detection")
     missing = run("bash", LAUNCH / "tpu_vm.sh", "--zone", "z", "--dry-run", "--", "train", "tiny")
     assert missing.returncode == 2 and "--tpu and --zone are required" in missing.stderr
+    for option in ("--tpu", "--zone", "--env"):  # last, or followed by another option
+        for args in ([option], [option, "--dry-run"]):
+            lacking = run("bash", LAUNCH / "tpu_vm.sh", *args)
+            assert lacking.returncode == 2, lacking.stderr
+            assert lacking.stderr == f"tpu_vm.sh: {option} needs a value\n"
+    usage = run("bash", LAUNCH / "tpu_vm.sh", "--help")
+    assert usage.returncode == 0 and usage.stdout.splitlines()[-1].startswith("--dry-run prints")
 
 
 def _jobset(*args):
