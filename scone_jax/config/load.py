@@ -52,6 +52,16 @@ class _NoRepeatedKeys(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """What is wrong and where, on one line: `line 3, column 2: expected ',' or ']', but got
+    ':' (while parsing a flow sequence)`."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    context = getattr(error, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return " ".join(f"{where}{problem}{f' ({context})' if context else ''}".split())
+
+
 def load_yaml(text: str) -> Any:
     """The one YAML reader: safe (no Python objects) and strict about repeated keys."""
     loader = _NoRepeatedKeys(text)
@@ -106,7 +116,7 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     try:
         data = load_yaml(text) or {}
     except yaml.YAMLError as e:
-        raise UserError(f"config {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        raise UserError(f"config {path} is not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(data, dict):
         raise UserError(
             f"config {path} must be a mapping at the top level, got {type(data).__name__}"
@@ -225,6 +235,8 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
                 raise UserError(f"override {item!r}: {why} (expected a YAML value)") from None
             value = raw  # plain text that YAML reads otherwise (a path with ': ')
         parts = key.strip().split(".")
+        if not all(parts):
+            raise UserError(f"override {item!r}: its key has an empty part (expected section.key)")
         node = nested
         for part in parts[:-1]:
             node = node.setdefault(part, {})

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from scone_jax.config.load import PRESET_DIR, load_yaml, resolve_preset
+from scone_jax.config.load import PRESET_DIR, load_yaml, resolve_preset, yaml_problem
 from scone_jax.errors import UserError
 
 KEYS = {"name", "description", "config", "overrides", "eval_corpora", "points", "grid"}
@@ -130,7 +130,7 @@ def load_sweep(path: str | os.PathLike) -> SweepSpec:
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read sweep file {path}: {e}") from None
     except yaml.YAMLError as e:
-        raise UserError(f"sweep file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        raise UserError(f"sweep file {path} is not valid YAML: {yaml_problem(e)}") from None
     if not isinstance(data, dict):
         raise UserError(f"sweep file {path} must be a mapping at the top level")
     unknown = sorted(set(data) - KEYS)

@@ -62,6 +62,8 @@ def test_single_string_becomes_list():
         (["model.d_model=130", "model.n_heads=4"], "not divisible"),
         (["mesh.data=-1", "mesh.tensor=-1"], "at most one axis may be -1"),
         (["train.steps"], "key=value"),
+        (["train..steps=5"], "override 'train..steps=5': its key has an empty part"),
+        ([".steps=5"], "its key has an empty part"),
         (["data.seq_len=4096"], "exceeds model.max_seq_len"),
         (
             ["fgrams.max_n=5", "fgrams.block_size=4"],
@@ -100,6 +102,13 @@ def test_missing_and_malformed_files(tmp_path):
     bad.write_text("model: [unclosed\n")
     with pytest.raises(UserError, match="not valid YAML"):
         load_config(bad)
+    bad.write_text("train:\n  steps: [1\n  lr: 2\n")  # where and what, not only the parser's state
+    with pytest.raises(UserError) as e:
+        load_config(bad)
+    assert str(e.value).endswith(
+        "is not valid YAML: line 3, column 5: expected ',' or ']', but got ':' (while parsing a "
+        "flow sequence)"
+    )
     listy = tmp_path / "list.yaml"
     listy.write_text("- 1\n- 2\n")
     with pytest.raises(UserError, match="mapping"):
