@@ -189,7 +189,13 @@ def train(cfg: Config) -> dict:
     if is_main:
         print(
             f"run {run_dir}: {session.flops.params_total:,} parameters "
-            f"({session.flops.params_non_embedding:,} non-embedding), mesh "
+            f"({session.flops.params_non_embedding:,} non-embedding)"
+            + (
+                f" + {session.fgram_model_params:,} in the f-gram model (training only)"
+                if session.fgram_model_params
+                else ""
+            )
+            + f", mesh "
             f"{dict(session.mesh.shape)}, {session.dataset.num_tokens:,} tokens, "
             + (f"resuming at step {start}" if start else "starting from scratch"),
             flush=True,

@@ -25,7 +25,12 @@ from scone_jax.data.pipeline import (
 )
 from scone_jax.data.prepare import dataset_path, prepare_dataset
 from scone_jax.errors import UserError
-from scone_jax.metrics.flops import ModelFlops, fgram_forest_forward, model_flops
+from scone_jax.metrics.flops import (
+    ModelFlops,
+    count_fgram_params,
+    fgram_forest_forward,
+    model_flops,
+)
 from scone_jax.metrics.perplexity import eval_result
 from scone_jax.model.build import build_model_fn
 from scone_jax.runtime.distributed import barrier
@@ -94,8 +99,14 @@ class Session:
             info.update(
                 fgram_set=str(Path(self.fgrams.fgram_set.path).absolute()),
                 fgram_set_fingerprint=self.fgrams.fgram_set.fingerprint,
+                params_fgram_model=self.fgram_model_params,
             )
         return info
+
+    @property
+    def fgram_model_params(self) -> int:
+        """The f-gram model's parameters (trained with the backbone; a table at inference)."""
+        return count_fgram_params(self.cfg.fgrams, self.cfg.model) if self.fgrams else 0
 
     def flops_per_step(self, batch: dict | None = None) -> float:
         """Training FLOPs of one step; the f-gram model counts on the slots of the global

@@ -129,10 +129,21 @@ def test_scone_kill_and_resume_is_bitwise_identical(markov_dataset, tmp_path):
     assert fed < 0.75 * coverage["coverage"]["coverage"], (fed, coverage["coverage"])
 
 
-def test_a_run_directory_moved_elsewhere_resumes(markov_dataset, tmp_path):
+def test_a_run_directory_moved_elsewhere_resumes(markov_dataset, tmp_path, capsys):
     """A run dir is its contents, not its path: moved (the original gone), it resumes from its
     checkpoint to the same losses; its f-gram set and tags are reused, not rebuilt."""
-    train(load_config("tiny", scone_overrides(markov_dataset.path, tmp_path / "first", 10)))
+    import json
+
+    from scone_jax.metrics.flops import count_fgram_params
+
+    cfg = load_config("tiny", scone_overrides(markov_dataset.path, tmp_path / "first", 10))
+    train(cfg)
+    fgram_params = count_fgram_params(cfg.fgrams, cfg.model)  # counted beside the backbone's
+    assert (
+        f" + {fgram_params:,} in the f-gram model (training only), mesh" in capsys.readouterr().out
+    )
+    info = json.loads((tmp_path / "first" / "run_info.json").read_text())
+    assert info["params_fgram_model"] == fgram_params > 0
     straight = losses(tmp_path / "first")
     (tmp_path / "first").rename(tmp_path / "moved")
     shutil.rmtree(tmp_path / "moved" / "checkpoints" / "10")
