@@ -119,6 +119,8 @@ for scale in ("0.3", "3"):
 VARIANTS["tiny_llama_scone_drop0.05"] = ("tiny_llama_scone", ["fgrams.drop_rate=0.05"])
 for k in (4, 8):
     VARIANTS[f"tiny_llama_scone_k{k}"] = ("tiny_llama_scone", [f"fgrams.max_n={k}"])
+# K = 3 was level with K = 5 at S = 20K (tiny_llama_scone_k3): the same at the preset's S = 80K
+VARIANTS["tiny_llama_scone_k3_s80k"] = ("tiny_llama_scone", ["fgrams.max_n=3"])
 # f-gram backoff dropout: a dropped position takes its f-gram's longest proper suffix in the
 # set (a shorter context) instead of no f-gram
 for rate in ("0.15", "0.3"):
@@ -135,6 +137,13 @@ for decay in ("0.3", "1.0"):
     VARIANTS[f"tiny_llama_scone_fwd{decay}"] = (
         "tiny_llama_scone",
         [f"optim.fgram_weight_decay={decay}"],
+    )
+# embedding dropout: a share of the f-gram embedding's features zeroed at each matched training
+# position, a gentler regularizer than dropping whole positions (fgrams.drop_rate)
+for rate in ("0.1", "0.3"):
+    VARIANTS[f"tiny_llama_scone_edrop{rate}"] = (
+        "tiny_llama_scone",
+        [f"fgrams.embed_drop_rate={rate}"],
     )
 # T trained by the backbone's path alone: F reads its rows without sending gradients back
 VARIANTS["tiny_llama_scone_detach"] = ("tiny_llama_scone", ["fgrams.detach_table=true"])

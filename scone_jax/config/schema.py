@@ -143,6 +143,10 @@ class FgramConfig:
     # longest proper suffix in the set, of 2 tokens or more: backoff to a shorter context; a
     # 2-gram, or an f-gram with no such suffix in the set, is fed unmatched)
     drop_to: str = "unmatched"
+    # share of the f-gram embedding's features zeroed at each matched training position (the
+    # rest scaled by 1 / (1 - rate); a fresh draw per step; evaluation and export use them all):
+    # a gentler regularizer of the f-gram path than dropping whole positions
+    embed_drop_rate: float = 0.0
     capacity: int = (
         0  # f-gram model node slots per data shard (whole blocks) before they grow; 0 = calibrate
     )
@@ -166,6 +170,10 @@ class FgramConfig:
         _check(
             0.0 <= self.drop_rate < 1.0,
             f"fgrams.drop_rate={self.drop_rate} (expected 0 <= rate < 1)",
+        )
+        _check(
+            0.0 <= self.embed_drop_rate < 1.0,
+            f"fgrams.embed_drop_rate={self.embed_drop_rate} (expected 0 <= rate < 1)",
         )
         _check(
             self.drop_to in DROP_TARGETS,
@@ -407,6 +415,12 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    @property
+    def dropout_seed(self) -> int | None:
+        """The seed of the train step's random noise, or None when the model has none."""
+        noisy = self.fgrams.enabled and self.fgrams.embed_drop_rate > 0
+        return self.train.seed if noisy else None
 
     def validate(self) -> None:
         _check(bool(self.run_dir), "run_dir is empty (expected a directory path)")

@@ -29,11 +29,14 @@ class SconeModel(nnx.Module):
         )
         self.combine = fgram_cfg.combine
         self.detach_table = fgram_cfg.detach_table
+        self.embed_drop_rate = fgram_cfg.embed_drop_rate
 
     def input_embeddings(
-        self, tokens, fgram_index, fgram_nodes, fgram_paths, fgram_outputs
+        self, tokens, fgram_index, fgram_nodes, fgram_paths, fgram_outputs, dropout_key=None
     ) -> jax.Array:
-        """T(s_i), with the f-gram embedding replacing or added to it where a match exists."""
+        """T(s_i), with the f-gram embedding replacing or added to it where a match exists.
+        Given a `dropout_key` (training), `fgrams.embed_drop_rate` of each position's f-gram
+        embedding features are zeroed and the rest scaled up."""
         x = self.backbone.embed(tokens)
         rows_in = self.backbone.table_rows(fgram_nodes)
         if self.detach_table:
@@ -44,10 +47,20 @@ class SconeModel(nnx.Module):
         gathered = constrain(
             jnp.take(rows, jnp.maximum(fgram_index, 0), axis=0), ("batch", "seq", "embed")
         )
+        if dropout_key is not None and self.embed_drop_rate:
+            keep = jax.random.bernoulli(dropout_key, 1.0 - self.embed_drop_rate, gathered.shape)
+            scaled = gathered / jnp.asarray(1.0 - self.embed_drop_rate, gathered.dtype)
+            gathered = constrain(
+                jnp.where(keep, scaled, jnp.zeros_like(gathered)), ("batch", "seq", "embed")
+            )
         if self.combine == "replace":
             return jnp.where(matched, gathered, x)
         return x + jnp.where(matched, gathered, jnp.zeros_like(gathered))
 
-    def __call__(self, tokens, fgram_index, fgram_nodes, fgram_paths, fgram_outputs) -> jax.Array:
-        x = self.input_embeddings(tokens, fgram_index, fgram_nodes, fgram_paths, fgram_outputs)
+    def __call__(
+        self, tokens, fgram_index, fgram_nodes, fgram_paths, fgram_outputs, dropout_key=None
+    ) -> jax.Array:
+        x = self.input_embeddings(
+            tokens, fgram_index, fgram_nodes, fgram_paths, fgram_outputs, dropout_key
+        )
         return self.backbone.logits(self.backbone.hidden(x))

@@ -81,6 +81,7 @@ def plan_train_step(cfg: Config, devices: Sequence[jax.Device], device_memory_gi
         setup.shardings,
         shardings,
         cfg.train.microbatches,
+        cfg.dropout_seed,
     )
     start = time.perf_counter()
     lowered = step.lower(abstract_state, abstract_batch)

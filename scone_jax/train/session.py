@@ -132,6 +132,7 @@ class Session:
             self.setup.shardings,
             self.batch_sharding,
             self.cfg.train.microbatches,
+            self.cfg.dropout_seed,
         )
 
     def eval_step(self):

@@ -58,9 +58,11 @@ def over_microbatches(fn, batch: dict, microbatches: int, carry):
     return carry
 
 
-def token_losses(handle: ModelHandle, params, batch) -> jax.Array:
-    """Per-token next-token cross entropy [B, T] in float32."""
-    logits = handle.merge(params)(batch["inputs"], **model_inputs(batch))
+def token_losses(handle: ModelHandle, params, batch, dropout_key=None) -> jax.Array:
+    """Per-token next-token cross entropy [B, T] in float32; a `dropout_key` turns on the
+    model's training-only noise."""
+    noise = {} if dropout_key is None else {"dropout_key": dropout_key}
+    logits = handle.merge(params)(batch["inputs"], **model_inputs(batch), **noise)
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
 
 
@@ -88,32 +90,39 @@ def make_train_step(
     state_shardings,
     batch_sharding,
     microbatches: int = 1,
+    dropout_seed: int | None = None,
 ):
     """With `microbatches` M > 1 the gradient is the mean of the M microbatches' gradients
-    (float32 sums), which equals the whole batch's: microbatches have equal token counts."""
+    (float32 sums), which equals the whole batch's: microbatches have equal token counts.
+    With a `dropout_seed` the model's training noise is drawn from it, the step number and the
+    microbatch, so a resumed run draws what an uninterrupted one does."""
 
-    def loss_fn(params, microbatch):
-        return jnp.mean(token_losses(handle, params, microbatch))
+    def loss_fn(params, microbatch, key):
+        return jnp.mean(token_losses(handle, params, microbatch, key))
 
-    def loss_and_grads(params, batch):
+    def loss_and_grads(params, batch, key):
         if microbatches == 1:  # no accumulator: the step keeps one gradient tree
-            return jax.value_and_grad(loss_fn)(params, batch)
+            return jax.value_and_grad(loss_fn)(params, batch, key)
 
         def accumulate(carry, microbatch):
-            loss, grads = jax.value_and_grad(loss_fn)(params, microbatch)
-            total, summed = carry
-            return total + loss, jax.tree.map(lambda a, g: a + g.astype(a.dtype), summed, grads)
+            total, summed, index = carry
+            micro_key = None if key is None else jax.random.fold_in(key, index)
+            loss, grads = jax.value_and_grad(loss_fn)(params, microbatch, micro_key)
+            summed = jax.tree.map(lambda a, g: a + g.astype(a.dtype), summed, grads)
+            return total + loss, summed, index + 1
 
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-        total, summed = over_microbatches(
-            accumulate, batch, microbatches, (jnp.zeros((), jnp.float32), zeros)
-        )
+        start = (jnp.zeros((), jnp.float32), zeros, jnp.zeros((), jnp.int32))
+        total, summed, _ = over_microbatches(accumulate, batch, microbatches, start)
         grads = jax.tree.map(lambda g, p: (g / microbatches).astype(p.dtype), summed, params)
         return total / microbatches, grads
 
     def step_fn(state, batch):
+        key = None
+        if dropout_seed is not None:
+            key = jax.random.fold_in(jax.random.key(dropout_seed), state["step"])
         with activation_sharding(mesh, rules):
-            loss, grads = loss_and_grads(state["params"], batch)
+            loss, grads = loss_and_grads(state["params"], batch, key)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         metrics = {

@@ -70,6 +70,10 @@ def test_single_string_becomes_list():
             "fgrams.block_size=4 (expected >= fgrams.max_n=5)",
         ),
         (["fgrams.drop_rate=1.0"], "fgrams.drop_rate=1.0 (expected 0 <= rate < 1)"),
+        (
+            ["fgrams.embed_drop_rate=-0.1"],
+            "fgrams.embed_drop_rate=-0.1 (expected 0 <= rate < 1)",
+        ),
         (["fgrams.model_size=infx"], "fgrams.model_size='infx' (expected e.g."),
         (["optim.eps=.nan"], "optim.eps=nan (expected a finite value > 0)"),
         (["optim.eps=-1"], "optim.eps=-1.0 (expected a finite value > 0)"),

@@ -141,3 +141,39 @@ def test_a_detached_table_takes_gradients_from_the_backbones_path_alone(rng):
     t_paper = np.asarray(grads[False]["backbone"]["embed_table"][...])
     t_detached = np.asarray(grads[True]["backbone"]["embed_table"][...])
     assert np.abs(t_paper - t_detached).max() > 1e-4 * np.abs(t_detached).max()
+
+
+def test_embedding_dropout_zeros_features_of_the_fgram_part_in_training_only(rng):
+    """`fgrams.embed_drop_rate`: with a key, a share `rate` of the f-gram part's features is
+    zeroed and the rest scaled by 1 / (1 - rate); T(s_i) and unmatched positions are untouched,
+    and without a key (evaluation, export) the input is the plain gated one."""
+    seed = int(rng.integers(1 << 30))
+    print(f"seed {seed}")
+    rate = 0.3
+    model = SconeModel(
+        BACKBONE["llama"],
+        FgramConfig(enabled=True, max_n=K, combine="gated", embed_drop_rate=rate),
+        VOCAB,
+        rngs=nnx.Rngs(seed),
+    )
+    model.fgram.output_gate[...] = jnp.asarray(
+        rng.normal(size=BACKBONE["llama"].d_model).astype(np.float32)
+    )
+    batch, _, _ = scone_batch(rng)
+    forest = {k: jnp.asarray(v) for k, v in batch["forest"].arrays().items()}
+    tokens = jnp.asarray(batch["inputs"])
+    token_rows = np.asarray(model.backbone.embed(tokens))
+    plain = np.asarray(model.input_embeddings(tokens, **forest)) - token_rows
+    key = jax.random.key(seed)
+    noisy = np.asarray(model.input_embeddings(tokens, **forest, dropout_key=key)) - token_rows
+    matched = batch["fgram_ids"] >= 0
+    np.testing.assert_array_equal(noisy[~matched], 0)
+    kept = noisy[matched] != 0
+    assert abs((1 - kept.mean()) - rate) < 0.02, kept.mean()
+    np.testing.assert_allclose(
+        noisy[matched][kept], plain[matched][kept] / (1 - rate), rtol=1e-5, atol=1e-6
+    )
+    again = np.asarray(model.input_embeddings(tokens, **forest, dropout_key=key)) - token_rows
+    np.testing.assert_array_equal(again, noisy)  # a key draws one mask
+    other = model.input_embeddings(tokens, **forest, dropout_key=jax.random.fold_in(key, 1))
+    assert not np.array_equal(np.asarray(other) - token_rows, noisy)

@@ -1,6 +1,6 @@
 """Gradient accumulation: a step run as M microbatches gives the whole batch's losses and
 parameters (baseline and SCONE, on a data x fsdp x tensor mesh), and a microbatched run resumes
-exactly; scanned, rematerialized layers train like unrolled ones on that mesh."""
+exactly (with its training noise); scanned, rematerialized layers train like unrolled ones on that mesh."""
 
 import shutil
 
@@ -57,18 +57,20 @@ def test_microbatches_give_the_whole_batchs_losses_and_parameters(
     # 2.8e-5 off at seed 949164869): Adam divides it by its own small scale, so summing it in
     # another order moves them by up to a few % of one step (lr 5.5e-3)
     assert_params_close(micro, whole, rtol=1e-4, atol=2e-5, stray=1e-3, stray_atol=3e-4)
-    if scone:  # the f-gram model trained through the microbatches' forests
+    if scone:  # the f-gram model trained through the microbatches' forests, with embedding
+        # dropout: each microbatch draws its own mask, and a resume draws the same ones
+        noisy = {**extra, "train.microbatches": microbatches, "fgrams.embed_drop_rate": 0.3}
+        noisy_losses, noisy_params = run(markov_dataset.path, tmp_path / "noisy", **noisy)
+        assert noisy_losses[STEPS] != micro_losses[STEPS]  # step 1 has a zero gate: no noise
         resumed = tmp_path / "resumed"
-        shutil.copytree(tmp_path / "micro", resumed)
+        shutil.copytree(tmp_path / "noisy", resumed)
         for step_dir in checkpoints_dir(resumed).iterdir():
             if step_dir.name.isdigit() and int(step_dir.name) > 3:
                 shutil.rmtree(step_dir)
         (resumed / FINAL_EVAL_FILE).unlink()
-        resumed_losses, resumed_params = run(
-            markov_dataset.path, resumed, **extra, **{"train.microbatches": microbatches}
-        )
-        assert resumed_losses == micro_losses  # exactly: steps 4..6 recomputed from step 3
-        assert_params_close(resumed_params, micro, rtol=0, atol=0)
+        resumed_losses, resumed_params = run(markov_dataset.path, resumed, **noisy)
+        assert resumed_losses == noisy_losses  # exactly: steps 4..6 recomputed from step 3
+        assert_params_close(resumed_params, noisy_params, rtol=0, atol=0)
 
 
 def test_scanned_rematerialized_layers_train_like_unrolled_ones_on_the_mesh(

@@ -25,26 +25,23 @@ def scone_overrides(dataset, run_dir, steps, **extra):
 
 
 @pytest.mark.parametrize(
-    "combine, fgram_rules",
-    [  # the second with its own layout for the f-gram model
-        ("replace", {}),
+    "combine, noise, fgram_rules",
+    [  # the second with embedding dropout (its draws must not depend on the mesh) and its own
+        # layout for the f-gram model
+        ("replace", 0.0, {}),
         (
             "gated",
+            0.2,
             {"mesh.rules": "{fgram/mlp: null, fgram/heads: null, fgram/embed: [fsdp, data]}"},
         ),
     ],
 )
 def test_one_device_equals_eight_and_the_modes_train(
-    markov_dataset, tmp_path, combine, fgram_rules
+    markov_dataset, tmp_path, combine, noise, fgram_rules
 ):
+    mode = {"fgrams.combine": combine, "fgrams.embed_drop_rate": noise}
     one = cli_run(
-        [
-            "train",
-            "tiny",
-            *scone_overrides(
-                markov_dataset.path, tmp_path / "one", 16, **{"fgrams.combine": combine}
-            ),
-        ],
+        ["train", "tiny", *scone_overrides(markov_dataset.path, tmp_path / "one", 16, **mode)],
         devices=1,
     )
     assert one.returncode == 0, one.stderr[-2000:]
@@ -56,7 +53,7 @@ def test_one_device_equals_eight_and_the_modes_train(
                 tmp_path / "eight",
                 16,
                 **{
-                    "fgrams.combine": combine,
+                    **mode,
                     "mesh.data": 2,
                     "mesh.fsdp": 2,
                     "mesh.tensor": 2,
@@ -106,11 +103,13 @@ def test_the_sharded_step_never_replicates_what_it_shards(markov_dataset, tmp_pa
 
 
 def test_scone_kill_and_resume_is_bitwise_identical(markov_dataset, tmp_path):
-    """With f-gram dropout on: its draws, too, must come out the same after a resume."""
+    """With f-gram dropout and embedding dropout on: their draws, too, must come out the same
+    after a resume."""
+    noise = {"fgrams.drop_rate": 0.5, "fgrams.embed_drop_rate": 0.2}
     args = lambda name: [  # noqa: E731
         "train",
         "tiny",
-        *scone_overrides(markov_dataset.path, tmp_path / name, 20, **{"fgrams.drop_rate": 0.5}),
+        *scone_overrides(markov_dataset.path, tmp_path / name, 20, **noise),
     ]
     straight = cli_run(args("straight"))
     assert straight.returncode == 0, straight.stderr[-2000:]
