@@ -1,6 +1,7 @@
 """Gradient accumulation: a step run as M microbatches gives the whole batch's losses and
 parameters (baseline and SCONE, on a data x fsdp x tensor mesh), and a microbatched run resumes
-exactly (with its training noise); scanned, rematerialized layers train like unrolled ones on that mesh."""
+exactly (with its training noise); scanned, rematerialized layers train like unrolled ones on
+that mesh."""
 
 import shutil
 
