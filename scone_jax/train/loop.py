@@ -16,7 +16,6 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import jax
-import numpy as np
 from tqdm import tqdm
 
 from scone_jax.artifacts.best import BestCheckpoint
@@ -62,19 +61,6 @@ def stop_on_signals(signals=(signal.SIGTERM, signal.SIGINT)):
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-
-
-def stop_agreed(received: list[int]) -> int:
-    """The signal all processes stop on now (0: none), the first one any process got: all must
-    stop at the same step, or they would wait forever in different collectives, and all name the
-    same signal (the exit status), also a process whose own copy has not arrived yet."""
-    mine = np.int32(received[0] if received else 0)
-    if jax.process_count() == 1:
-        return int(mine)
-    from jax.experimental import multihost_utils
-
-    everyone = np.ravel(multihost_utils.process_allgather(mine))
-    return int(next((s for s in everyone if s), 0))
 
 
 def _remove_temporaries(run_dir: Path) -> None:
@@ -255,20 +241,25 @@ def train(cfg: Config) -> dict:
                 with profiler.step(step):  # the batch too: SCONE's forest is built on the host
                     batch = next(batches)
                     global_batch = session.to_global(batch)
-                    state, metrics = train_step(state, global_batch)
+                    votes = session.votes(batch, received[0] if received else 0)
+                    state, metrics = train_step(state, global_batch, *votes)
                 step += 1
                 profiler.after(step, state)
+                # the signal to stop on now (0: none). Processes must all stop at the same step,
+                # or they would wait forever in different collectives, and name the same signal
+                # (the exit status): in a job of several, the one any process had got when the
+                # step read here was queued (train/votes.py), so they stop a step after it
+                stop = 0 if session.votes_across else (received[0] if received else 0)
                 if unread is not None:  # the step before, read while this one runs
                     before, unread = unread, None
-                    recorder.record(*before)
+                    stop = recorder.record(*before) or stop
                 unread = (step, metrics, batch, global_batch)
                 evaluating = (cfg.train.eval_every and step % cfg.train.eval_every == 0) or (
                     step == total
                 )
-                stop = stop_agreed(received)
                 if evaluating or ckpt.due(step) or stop:  # its state is used: record it now
                     current, unread = unread, None
-                    recorder.record(*current)
+                    stop = recorder.record(*current) or stop
                     if evaluating:
                         results = evaluate(session, eval_step, state["params"])
                         for name, result in results.items():

@@ -13,28 +13,15 @@ import math
 import time
 
 import jax
-import numpy as np
 
 from scone_jax.errors import UserError
-from scone_jax.forest.stats import combine_vectors, stats_vector
+from scone_jax.forest.stats import combine_vectors
 from scone_jax.metrics.flops import peak_flops
+from scone_jax.train.votes import read_votes
 
 
 class TrainingDiverged(UserError):
     pass
-
-
-def step_fgram_stats(batch: dict) -> dict[str, float]:
-    """The f-gram metrics of the global batch: each process built the forests of its own rows,
-    so in a multi-process job their counts are combined (one small gather per step)."""
-    stats = batch["fgram_stats"]
-    if jax.process_count() == 1:
-        return stats
-    from jax.experimental import multihost_utils
-
-    ids = batch["fgram_ids"]
-    mine = stats_vector(stats, ids.size, int((ids >= 0).sum())).astype(np.int32)
-    return combine_vectors(np.asarray(multihost_utils.process_allgather(mine)))
 
 
 class StepRecorder:
@@ -56,12 +43,17 @@ class StepRecorder:
         """Time from now on (after an evaluation, which is not a training step)."""
         self.window_start, self.window_steps, self.window_flops = time.perf_counter(), 0, 0.0
 
-    def record(self, step: int, device_metrics: dict, batch: dict, global_batch: dict) -> None:
+    def record(self, step: int, device_metrics: dict, batch: dict, global_batch: dict) -> int:
         """Read, check and write step `step` (counted from 1); a non-finite loss raises
-        `TrainingDiverged` before anything of that step is written."""
-        metrics = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+        `TrainingDiverged` before anything of that step is written. Returns the signal any
+        process had got when the step was queued (train/votes.py; 0: none, or no votes)."""
+        fetched = dict(jax.device_get(device_metrics))
+        votes = read_votes(fetched)
+        metrics = {k: float(v) for k, v in fetched.items()}
         if "fgram_stats" in batch:
-            stats = step_fgram_stats(batch)
+            # each process built the forests of its own rows: the global batch's metrics come
+            # from every process's counts, summed in the step
+            stats = batch["fgram_stats"] if votes is None else combine_vectors(votes[1][None])
             self.overflows += stats["fgram_overflow"]
             metrics.update(stats, fgram_overflow=self.overflows)
         metrics["step_flops"] = self.session.flops_per_step(global_batch)
@@ -94,3 +86,4 @@ class StepRecorder:
         self.writer.write(step, metrics, echo=log_now)
         self.summary["final_loss"] = metrics["loss"]
         self.bar.update(1)
+        return 0 if votes is None else votes[0]

@@ -25,6 +25,7 @@ from scone_jax.data.pipeline import (
 )
 from scone_jax.data.prepare import dataset_path, prepare_dataset
 from scone_jax.errors import UserError
+from scone_jax.forest.stats import stats_vector
 from scone_jax.metrics.flops import (
     ModelFlops,
     count_fgram_params,
@@ -41,6 +42,7 @@ from scone_jax.train.fgram_inputs import FgramInputs, load_or_build_fgram_set, p
 from scone_jax.train.optimizer import make_optimizer
 from scone_jax.train.state import TrainSetup, setup_train_state
 from scone_jax.train.step import device_arrays, make_eval_step, make_train_step
+from scone_jax.train.votes import process_votes, votes_sharding
 
 CALIBRATION_BATCHES = 8
 
@@ -133,7 +135,25 @@ class Session:
             self.batch_sharding,
             self.cfg.train.microbatches,
             self.cfg.dropout_seed,
+            votes_sharding(self.mesh) if self.votes_across else None,
         )
+
+    @property
+    def votes_across(self) -> bool:
+        """Whether the train step exchanges the processes' votes (train/votes.py): in a job of
+        several processes; one process decides alone, at once."""
+        return jax.process_count() > 1
+
+    def votes(self, local_batch: dict, signal_number: int) -> tuple:
+        """The train step's extra argument: this process's vote (the signal it got, its f-gram
+        counts), or nothing for a single process."""
+        if not self.votes_across:
+            return ()
+        counts = []
+        if "fgram_stats" in local_batch:
+            ids = local_batch["fgram_ids"]
+            counts = stats_vector(local_batch["fgram_stats"], ids.size, int((ids >= 0).sum()))
+        return (process_votes(self.mesh, np.array([signal_number, *counts], np.int64)),)
 
     def eval_step(self):
         return make_eval_step(

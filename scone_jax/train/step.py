@@ -16,6 +16,7 @@ from jax.sharding import Mesh
 
 from scone_jax.sharding.rules import MeshAxes, activation_sharding
 from scone_jax.train.state import ModelHandle
+from scone_jax.train.votes import reduce_votes
 
 
 def device_arrays(batch) -> dict:
@@ -91,11 +92,14 @@ def make_train_step(
     batch_sharding,
     microbatches: int = 1,
     dropout_seed: int | None = None,
+    votes_sharding=None,
 ):
     """With `microbatches` M > 1 the gradient is the mean of the M microbatches' gradients
     (float32 sums), which equals the whole batch's: microbatches have equal token counts.
     With a `dropout_seed` the model's training noise is drawn from it, the step number and the
-    microbatch, so a resumed run draws what an uninterrupted one does."""
+    microbatch, so a resumed run draws what an uninterrupted one does. With a `votes_sharding`
+    the step takes the processes' votes (train/votes.py) as a third argument and returns their
+    reductions with its metrics."""
 
     def loss_fn(params, microbatch, key):
         return jnp.mean(token_losses(handle, params, microbatch, key))
@@ -117,7 +121,7 @@ def make_train_step(
         grads = jax.tree.map(lambda g, p: (g / microbatches).astype(p.dtype), summed, params)
         return total / microbatches, grads
 
-    def step_fn(state, batch):
+    def step_fn(state, batch, votes=None):
         key = None
         if dropout_seed is not None:
             key = jax.random.fold_in(jax.random.key(dropout_seed), state["step"])
@@ -130,12 +134,14 @@ def make_train_step(
             "grad_norm": optax.tree.norm(grads),
             "lr": schedule(state["step"]),
             **fgram_metrics(params, grads),
+            **({} if votes is None else reduce_votes(votes)),
         }
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
 
+    votes_in = () if votes_sharding is None else (votes_sharding,)
     return jax.jit(
         step_fn,
-        in_shardings=(state_shardings, batch_sharding),
+        in_shardings=(state_shardings, batch_sharding, *votes_in),
         out_shardings=(state_shardings, None),
         donate_argnums=(0,),
     )
