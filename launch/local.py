@@ -67,10 +67,20 @@ def build_commands(args) -> list[tuple[dict[str, str], list[str]]]:
     ]
 
 
+# one writer at a time: every process's two pumps and the main thread share stdout and stderr,
+# and a text stream written from several threads at once can run two lines into one
+_OUTPUT = threading.Lock()
+
+
+def _write(out, text: str) -> None:
+    with _OUTPUT:
+        out.write(text)
+        out.flush()
+
+
 def _pump(stream, prefix: str, out) -> None:
     for line in iter(stream.readline, ""):
-        out.write(f"{prefix}{line}")
-        out.flush()
+        _write(out, f"{prefix}{line}")
     stream.close()
 
 
@@ -110,16 +120,15 @@ def run(commands: list[tuple[dict[str, str], list[str]]], grace_s: float) -> int
         for i, p in enumerate(procs):
             if p.returncode not in (None, 0) and i not in reported:
                 reported.add(i)
-                print(f"local.py: process {i} {_ended(p.returncode)}", file=sys.stderr, flush=True)
+                _write(sys.stderr, f"local.py: process {i} {_ended(p.returncode)}\n")
                 if failed_at is None:
                     status, failed_at = p.returncode, time.monotonic()
         if failed_at is not None and time.monotonic() - failed_at > grace_s:
             for i, p in enumerate(procs):
                 if p.poll() is None and i not in killed:
-                    print(
-                        f"local.py: killing process {i} ({grace_s:g}s after the first failure)",
-                        file=sys.stderr,
-                        flush=True,
+                    _write(
+                        sys.stderr,
+                        f"local.py: killing process {i} ({grace_s:g}s after the first failure)\n",
                     )
                     p.kill()
                     killed.add(i)
@@ -128,7 +137,7 @@ def run(commands: list[tuple[dict[str, str], list[str]]], grace_s: float) -> int
         t.join()
     for i, p in enumerate(procs):
         if p.returncode and i not in reported:
-            print(f"local.py: process {i} {_ended(p.returncode)}", file=sys.stderr, flush=True)
+            _write(sys.stderr, f"local.py: process {i} {_ended(p.returncode)}\n")
             status = status or p.returncode
     return status if status >= 0 else 128 - status  # killed by signal N -> 128 + N, like a shell
 
