@@ -80,7 +80,8 @@ def worker(process_id: int, port: int, steps: int, rounds: int, host_s: float) -
             out = with_votes(x, process_votes(mesh, np.array([0, 1, 2])))
             if before is not None:
                 metrics = dict(jax.device_get(before))
-                assert read_votes(metrics)[1].tolist() == [2, 2]  # a sum, then a maximum
+                stop, counts = read_votes(metrics)
+                assert stop == 0 and counts.tolist() == [2, 4]
             before = out
         jax.device_get(before)
         return (time.perf_counter() - start) / steps

@@ -31,9 +31,9 @@ def stats_vector(stats: Mapping[str, float], positions: int, matched: int) -> np
 
 
 def combine_vectors(rows: np.ndarray) -> dict[str, float]:
-    """The metrics of parts given as `stats_vector` rows: sums, and ratios of the sums."""
-    rows = np.asarray(rows, np.int64)
-    total = rows.sum(axis=0).tolist()
+    """The metrics of parts given as `stats_vector` rows: sums, and ratios of the sums. Only
+    the rows' sum is read, so a sum made elsewhere (inside the train step) is one row."""
+    total = np.asarray(rows, np.int64).sum(axis=0).tolist()
     positions, matched = total[0], total[1]
     per_match = total[2 : 2 + len(RATIOS_PER_MATCH)]
     summed = total[2 + len(RATIOS_PER_MATCH) : -1]
@@ -41,5 +41,5 @@ def combine_vectors(rows: np.ndarray) -> dict[str, float]:
         "match_rate": matched / positions if positions else 0.0,
         **{k: v / matched if matched else 0.0 for k, v in zip(RATIOS_PER_MATCH, per_match)},
         **dict(zip(SUMMED, summed, strict=True)),
-        "fgram_overflow": int(rows[:, -1].max()),
+        "fgram_overflow": int(total[-1] > 0),  # whether any part overflowed
     }

@@ -241,15 +241,15 @@ def train(cfg: Config) -> dict:
                 with profiler.step(step):  # the batch too: SCONE's forest is built on the host
                     batch = next(batches)
                     global_batch = session.to_global(batch)
-                    votes = session.votes(batch, received[0] if received else 0)
-                    state, metrics = train_step(state, global_batch, *votes)
+                    got = received[0] if received else 0
+                    state, metrics = train_step(state, global_batch, *session.votes(batch, got))
                 step += 1
                 profiler.after(step, state)
                 # the signal to stop on now (0: none). Processes must all stop at the same step,
                 # or they would wait forever in different collectives, and name the same signal
                 # (the exit status): in a job of several, the one any process had got when the
                 # step read here was queued (train/votes.py), so they stop a step after it
-                stop = 0 if session.votes_across else (received[0] if received else 0)
+                stop = 0 if session.votes_across else got
                 if unread is not None:  # the step before, read while this one runs
                     before, unread = unread, None
                     stop = recorder.record(*before) or stop

@@ -41,18 +41,14 @@ def process_votes(mesh: Mesh, vector: np.ndarray) -> jax.Array:
 
 
 def reduce_votes(votes: jax.Array) -> dict[str, jax.Array]:
-    """Inside the step: every column's sum and maximum over the processes' rows."""
-    return {"votes_sum": jnp.sum(votes, axis=0), "votes_max": jnp.max(votes, axis=0)}
+    """Inside the step: the signal any process got (the largest), and every count's sum."""
+    return {"votes_stop": jnp.max(votes[:, STOP]), "votes_sum": jnp.sum(votes, axis=0)}
 
 
 def read_votes(metrics: dict) -> tuple[int, np.ndarray] | None:
-    """(the signal any process got, 0 if none; the summed counts with the overflow flag as the
-    maximum) from a step's fetched metrics, or None when the step took no votes. Pops them."""
+    """(the signal any process got, 0 if none; the processes' summed counts) from a step's
+    fetched metrics, or None when the step took no votes. Pops them."""
     if "votes_sum" not in metrics:
         return None
-    summed = np.asarray(metrics.pop("votes_sum"), np.int64)
-    most = np.asarray(metrics.pop("votes_max"), np.int64)
-    counts = summed[STOP + 1 :].copy()
-    if counts.size:
-        counts[-1] = most[-1]  # the overflow flag: did any process overflow
-    return int(most[STOP]), counts
+    stop = int(metrics.pop("votes_stop"))
+    return stop, np.delete(np.asarray(metrics.pop("votes_sum"), np.int64), STOP)

@@ -55,6 +55,7 @@ def test_parts_combine_to_the_whole_batchs_metrics(rng):
         assert combined["fgram_overflow"] == max(s["fgram_overflow"] for s in stats)
         rows = np.stack([stats_vector(s, n, m) for s, n, m in zip(stats, sizes, matched)])
         assert combine_vectors(rows) == combined  # what processes exchange says the same
+        assert combine_vectors(rows.sum(axis=0)[None]) == combined  # summed in the train step
 
 
 def test_a_batch_with_no_match_has_zero_ratios():
