@@ -1,16 +1,14 @@
-"""How a multi-process job exchanges its per-step values: the stop signal and f-gram counts by
+"""How a multi-process job exchanges its per-step values (stop signal, f-gram counts): by
 `multihost_utils.process_allgather` after queuing each step, as the loop did, or by votes that
-ride into the jitted step and come back with its metrics (train/votes.py), as it does now; and a
-SCONE job's forest shapes, agreed before queuing each step, by a device all-gather as the loop
-did, or on the host through the coordination service (runtime/distributed.agree_max), as now.
+ride into the jitted step and come back with its metrics (train/votes.py), as it does now.
 
 A real 2-process job on this machine (gloo collectives, one CPU device per process, one XLA
 thread each) runs the loop's pattern with a stand-in step: a jitted matmul chain with an
 all-reduce (the device's work) and a host pause before each step (the host building the next
 batch, e.g. the SCONE forest; a pause, so that it does not compete with the device for the
-cores). The four ways run in turns in the same job. The stop signal's gather waits for the
-queued step to finish before the host may start on the next batch, so a step costs about
-device + host; with votes the host builds while the device computes, about max(device, host).
+cores). Both ways run in turns in the same job. The gather waits for the queued step to
+finish before the host may start on the next batch, so a step costs about device + host; with
+votes the host builds while the device computes, about max(device, host).
 """
 
 from __future__ import annotations
