@@ -19,21 +19,19 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PATTERNS = ("gather", "votes", "shapes_gather", "shapes_host")
 
 
-def worker(process_id: int, port: int, steps: int, rounds: int, host_s: float, n: int) -> None:
+def worker(process_id: int, port: int, steps: int, rounds: int, host_s: float) -> None:
     os.environ.update(
         SCONE_COORDINATOR=f"localhost:{port}",
         SCONE_NUM_PROCESSES="2",
         SCONE_PROCESS_ID=str(process_id),
     )
     from scone_jax.runtime import distributed
-    from scone_jax.runtime.distributed import agree_max, barrier
+    from scone_jax.runtime.distributed import barrier
 
     distributed.initialize()
     import jax
@@ -47,6 +45,7 @@ def worker(process_id: int, port: int, steps: int, rounds: int, host_s: float, n
 
     mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     rows = NamedSharding(mesh, P("data"))
+    n = 384
     local = np.random.default_rng(process_id).normal(size=(1, n, n)).astype(np.float32) / n**0.5
     x = jax.make_array_from_process_local_data(rows, local)
 
@@ -74,13 +73,10 @@ def worker(process_id: int, port: int, steps: int, rounds: int, host_s: float, n
         float(before)
         return (time.perf_counter() - start) / steps
 
-    def voted(agree: Callable[[list[int]], list[int]] | None = None) -> float:
-        """The loop with votes; with `agree`, the forest shapes agreed before queuing each step."""
+    def voted() -> float:
         start, before = time.perf_counter(), None
         for _ in range(steps):
             time.sleep(host_s)
-            if agree is not None:
-                assert agree([3 + process_id, 7]) == [4, 7]
             out = with_votes(x, process_votes(mesh, np.array([0, 1, 2])))
             if before is not None:
                 metrics = dict(jax.device_get(before))
@@ -90,26 +86,16 @@ def worker(process_id: int, port: int, steps: int, rounds: int, host_s: float, n
         jax.device_get(before)
         return (time.perf_counter() - start) / steps
 
-    def shapes_gathered(values: list[int]) -> list[int]:
-        return np.max(multihost_utils.process_allgather(np.array(values)), axis=0).tolist()
-
-    patterns = {  # PATTERNS
-        "gather": gathered,
-        "votes": voted,
-        "shapes_gather": lambda: voted(shapes_gathered),
-        "shapes_host": lambda: voted(lambda values: agree_max("shapes", values)),
-    }
     float(plain(x))  # compile both, and time the device's step alone
     jax.device_get(with_votes(x, process_votes(mesh, np.array([0, 1, 2]))))
-    shapes_gathered([0, 0])
     start = time.perf_counter()
     for _ in range(5):
         float(plain(x))
     device_s = (time.perf_counter() - start) / 5
-    times = {name: [] for name in patterns}
+    times = {"gather": [], "votes": []}
     for r in range(rounds):
-        for name in list(patterns)[:: 1 if r % 2 == 0 else -1]:
-            times[name].append(patterns[name]())
+        for name in ("gather", "votes") if r % 2 == 0 else ("votes", "gather"):
+            times[name].append(gathered() if name == "gather" else voted())
     if process_id == 0:
         print("RESULT " + json.dumps({"device_s": device_s, "host_s": host_s, **times}), flush=True)
     barrier("bench_votes done")  # neither leaves while the other still needs the job
@@ -121,8 +107,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def measure(steps: int, rounds: int, host_s: float, n: int) -> dict:
-    """One job's timings; `n`: the stand-in step's matrix size."""
+def measure(steps: int, rounds: int, host_s: float) -> dict:
     port = free_port()
     env = {
         **os.environ,
@@ -140,7 +125,6 @@ def measure(steps: int, rounds: int, host_s: float, n: int) -> dict:
                 str(steps),
                 str(rounds),
                 str(host_s),
-                str(n),
             ],
             cwd=REPO,
             env=env,
@@ -163,50 +147,42 @@ def run(quick: bool = False) -> str:
 
     steps, rounds = (10, 2) if quick else (30, 4)
     rows = []
-    for n, host_fraction in ((384, 0.5), (384, 1.0), (96, 1.0)):
-        probe = measure(3, 1, 0.0, n)
-        host_s = round(probe["device_s"] * host_fraction, 4)
-        r = measure(steps, rounds, host_s, n)
-        ms = {name: statistics.median(r[name]) * 1e3 for name in PATTERNS}
+    for host_fraction in (0.5, 1.0):
+        probe = measure(3, 1, 0.0)
+        host_s = round(probe["device_s"] * host_fraction, 3)
+        r = measure(steps, rounds, host_s)
+        gather, votes = statistics.median(r["gather"]), statistics.median(r["votes"])
         rows.append(
-            f"| {r['device_s'] * 1e3:.1f} ms | {host_s * 1e3:.1f} ms | "
-            + " | ".join(f"{ms[name]:.1f} ms" for name in PATTERNS)
-            + f" | {ms['gather'] / ms['votes']:.2f}x | "
-            f"{ms['shapes_gather'] / ms['shapes_host']:.3f}x |"
+            f"| {r['device_s'] * 1e3:.0f} ms | {host_s * 1e3:.0f} ms | {gather * 1e3:.0f} ms | "
+            f"{votes * 1e3:.0f} ms | {gather / votes:.2f}x |"
         )
     load = os.getloadavg()[0]
     return "\n".join(
         [
-            "## Per-step agreement in a multi-process job: device gathers, votes, host exchange",
+            "## Per-step agreement in a multi-process job: a gather after each step, or votes",
             "",
             f"`python -m benchmarks.run_all --only votes` on {time.strftime('%Y-%m-%d')}: "
             "a real 2-process job on this machine (gloo, one CPU device and one XLA thread per "
             "process). Each step: a host pause standing in for building the next batch, then a "
             "jitted matmul chain with an all-reduce standing in for the train step. *Gather*: "
-            "the loop before votes, a `multihost_utils.process_allgather` of the stop signal "
-            "after queuing each step (a jitted all-gather, queued behind the step). *Votes*: "
-            "the values ride into the step and come back with its metrics, read one step late "
-            "(`train/votes.py`). A SCONE job also agrees on its forest buffers' shapes before "
-            "queuing each step: *votes + shapes gathered* by a device all-gather (the loop of "
-            "stop 42), *votes + shapes on host* through the coordination service's key-value "
-            "store (`runtime/distributed.py: agree_max`, the loop now). Median of "
-            f"{rounds} rounds of {steps} steps, the four in turns; load average {load:.1f} at "
-            "the end.",
+            "the loop as it was, a `multihost_utils.process_allgather` of the stop signal after "
+            "queuing each step (a jitted all-gather, queued behind the step). *Votes*: the "
+            "values ride into the step and come back with its metrics, read one step late "
+            f"(`train/votes.py`). Median of {rounds} rounds of {steps} steps, the two in turns; "
+            f"load average {load:.1f} at the end.",
             "",
-            "| device step | host work | gather | votes | votes + shapes gathered | "
-            "votes + shapes on host | gather / votes | shapes gathered / on host |",
-            "|---|---|---|---|---|---|---|---|",
+            "| device step | host work | per step, gather | per step, votes | gather / votes |",
+            "|---|---|---|---|---|",
             *rows,
             "",
-            "The stop signal's gather makes every step cost about device + host, since the host "
-            "starts the next batch only after the queued step has finished; with votes the two "
-            "overlap and a step costs about the larger of them. A device gather of the shapes "
-            "waits only for the step before, which the batch building has overlapped, so it "
-            "adds its own round trip through the devices to each step; the host exchange adds "
-            "three requests to the coordination service instead, and never waits for the device.",
+            "The gather makes every step cost about device + host, since the host starts the next "
+            "batch only after the queued step has finished; with votes the two overlap and a step "
+            "costs about the larger of them. The forest buffers' shape agreement before each "
+            "step is still a gather, but it waits only for the step before, which the host's "
+            "batch building has overlapped already.",
         ]
     )
 
 
 if __name__ == "__main__":
-    worker(*map(int, sys.argv[1:5]), float(sys.argv[5]), int(sys.argv[6]))
+    worker(*map(int, sys.argv[1:3]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))

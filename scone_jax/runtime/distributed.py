@@ -8,10 +8,9 @@ the job comes from: `runtime/cluster.py`; what stops the job when a peer is lost
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -211,44 +210,3 @@ def barrier(name: str, timeout_s: float = 24 * 3600) -> None:
         return
     _barriers[name] = _barriers.get(name, 0) + 1
     client.wait_at_barrier(f"scone_jax/{name}/{_barriers[name]}", int(timeout_s * 1000))
-
-
-_agreements: dict[str, int] = {}
-
-
-def agree_max(name: str, values: Sequence[int], timeout_s: float = 24 * 3600) -> list[int]:
-    """The elementwise maximum of every process's `values` (the values themselves for one
-    process); all call it in the same order, as `barrier`.
-
-    Exchanged on the host, in the coordination service's key-value store: a device all-gather
-    (`multihost_utils.process_allgather`) queues behind the steps already dispatched, so the host
-    would wait for them. Each process sets its values and counts itself in; the last to arrive
-    publishes the maximum, which the others wait for: three requests per process, whatever the
-    job's size. Process 0 deletes round r - 2 in round r: every process has counted itself into
-    round r - 1, which it does only after reading round r - 2.
-    """
-    import jax
-    from jax._src import distributed as jax_distributed
-
-    values = [int(v) for v in values]
-    if jax.process_count() == 1:
-        return values
-    client = jax_distributed.global_state.client
-    if client is None:  # a multi-process backend started without jax.distributed (legacy TPU)
-        import numpy as np
-        from jax.experimental import multihost_utils
-
-        gathered = multihost_utils.process_allgather(np.asarray(values, np.int64))
-        return np.max(gathered, axis=0).tolist()
-    rounds = _agreements[name] = _agreements.get(name, 0) + 1
-    here = f"scone_jax/agree/{name}/{rounds}"
-    client.key_value_set(f"{here}/values/{jax.process_index()}", json.dumps(values))
-    if client.key_value_increment(f"{here}/arrived", 1) == jax.process_count():
-        every = [json.loads(v) for _, v in client.key_value_dir_get(f"{here}/values/")]
-        agreed = [max(column) for column in zip(*every, strict=True)]
-        client.key_value_set(f"{here}/agreed", json.dumps(agreed))
-    else:
-        agreed = json.loads(client.blocking_key_value_get(f"{here}/agreed", int(timeout_s * 1000)))
-    if jax.process_index() == 0 and rounds > 2:
-        client.key_value_delete(f"scone_jax/agree/{name}/{rounds - 2}")
-    return agreed

@@ -34,7 +34,7 @@ from scone_jax.metrics.flops import (
 )
 from scone_jax.metrics.perplexity import eval_result
 from scone_jax.model.build import build_model_fn
-from scone_jax.runtime.distributed import agree_max, barrier
+from scone_jax.runtime.distributed import barrier
 from scone_jax.sharding.batch import batch_shardings, fgram_groups
 from scone_jax.sharding.mesh import make_mesh
 from scone_jax.sharding.rules import MeshAxes, make_rules
@@ -68,15 +68,15 @@ class Session:
         """Process-local rows -> global arrays sharded over the data axes.
 
         With several processes, every host's forest buffers (blocks and outputs) are padded to
-        the largest (all must agree on shapes; agreed on the host, so queuing this batch never
-        waits for the step before), and positions point into their own host's slice of the
-        outputs.
+        the largest (all must agree on shapes), and positions point into their own host's slice
+        of the outputs.
         """
         forest = local_batch.get("forest")
         if forest is not None and jax.process_count() > 1:
-            blocks, outputs = agree_max(
-                "forest-shapes", [forest.nodes.shape[-2], forest.outputs.shape[-1]]
-            )
+            from jax.experimental import multihost_utils
+
+            have = np.array([forest.nodes.shape[-2], forest.outputs.shape[-1]], np.int64)
+            blocks, outputs = np.max(multihost_utils.process_allgather(have), axis=0).tolist()
             local_batch = {
                 **local_batch,
                 "forest": forest.padded(blocks, outputs).on_global_outputs(jax.process_index()),

@@ -12,9 +12,6 @@ Joins through `scone_jax.runtime.distributed.initialize()` (SCONE_* environment)
   do while process 0 tokenizes the corpus);
 - `barrier-hang P`: process P never comes to a `distributed.barrier` the others wait at (the
   test kills it there);
-- `agree SEED ROUNDS`: every process agrees on the maximum of values drawn for it from SEED,
-  arriving in a random order each round, and checks the result against all processes' values;
-  process 0 then checks that only the last two rounds are left in the key-value store;
 - `agreed-checkpoint RUN_DIR`: every process resolves the run's latest checkpoint, process 1
   seeing a step one interval newer (as when training commits one between two looks).
 Prints `PID p PROCESS i` and `STEP k` lines so the test can tell where the job is.
@@ -89,25 +86,6 @@ def data_split() -> None:
     print("DATA OK", flush=True)
 
 
-def agree(seed: int, rounds: int) -> None:
-    import jax
-    from jax._src import distributed as jax_distributed
-
-    me, count = jax.process_index(), jax.process_count()
-    for r in range(1, rounds + 1):
-        draws = np.random.default_rng([seed, r])
-        every = draws.integers(0, 1000, size=(count, 3))  # every process draws the same
-        time.sleep(draws.uniform(0, 0.02, size=count)[me])  # a different arrival order each round
-        agreed = distributed.agree_max("test", every[me].tolist())
-        assert agreed == every.max(axis=0).tolist(), (r, agreed, every)
-    distributed.barrier("agreed")  # process 0's round `rounds` deletion has happened
-    if me == 0:
-        entries = jax_distributed.global_state.client.key_value_dir_get("scone_jax/agree/test/")
-        left = {int(key.split("/")[3]) for key, _ in entries}
-        assert left == {rounds - 1, rounds}, sorted(left)
-    print(f"AGREED {rounds} ROUNDS", flush=True)
-
-
 def agreed_checkpoint(run_dir: str) -> None:
     import jax
 
@@ -134,8 +112,6 @@ def main() -> None:
             collectives(None)
         elif mode == "runtime-error":
             collectives(None, 10, 0, JaxRuntimeError, others_die=sys.argv[2] == "others-die")
-        elif mode == "agree":
-            agree(int(sys.argv[2]), int(sys.argv[3]))
         elif mode == "agreed-checkpoint":
             agreed_checkpoint(sys.argv[2])
         elif mode == "barrier-fail":
