@@ -176,7 +176,8 @@ def test_every_process_reads_the_step_process_0_resolved(tmp_path):
     (checkpoints_dir(tmp_path) / "2").mkdir(parents=True)
     job = worker_job(2, "agreed-checkpoint", str(tmp_path), env=FAST)
     assert job.finish(120) == 0, job.output[-3000:]
-    assert "[p0] AGREED STEP 2" in job.lines and "[p1] AGREED STEP 2" in job.lines
+    # the job's output on failure: pytest's repr of `job.lines` cuts the middle of the list
+    assert "[p0] AGREED STEP 2" in job.lines and "[p1] AGREED STEP 2" in job.lines, job.output
 
 
 def test_processes_run_in_the_callers_working_directory(tmp_path):
