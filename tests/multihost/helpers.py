@@ -57,7 +57,21 @@ class Job:
         return int(self.wait_for(rf"^\[p{process}\] PID (\d+) PROCESS {process}$").group(1))
 
     def finish(self, timeout: float = 300) -> int:
-        code = self.proc.wait(timeout)
+        """The launcher's exit status; a job still running after `timeout` is stopped (SIGTERM,
+        which the launcher forwards, then SIGKILL) and fails the test with its output."""
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self._reader.join(10)
+            raise AssertionError(
+                f"job still running after {timeout:g}s; its output:\n{self.output[-4000:]}"
+            ) from None
         self._reader.join(10)
         return code
 

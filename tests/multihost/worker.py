@@ -28,6 +28,14 @@ import numpy as np
 from scone_jax.runtime import distributed
 
 
+def say(line: str) -> None:
+    """One line in one write: under PYTHONUNBUFFERED, print() writes the text and its newline
+    separately, and the C++ runtime's own messages on stdout (gloo's "Rank 1 is connected")
+    can land between them, running the two lines into one."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 class JaxRuntimeError(RuntimeError):
     """Named like jax's runtime error, which the watchdog treats as possibly caused by a lost
     peer."""
@@ -56,7 +64,7 @@ def collectives(
         if step == fail_at and others_die:
             os._exit(9)  # dies without a word, like a killed process
         assert float(total(x)) == jax.device_count()
-        print(f"STEP {step}", flush=True)
+        say(f"STEP {step}")
         time.sleep(0.05)
 
 
@@ -83,7 +91,7 @@ def data_split() -> None:
             "processes read overlapping windows"
         )
         np.testing.assert_array_equal(rows.reshape(8, -1), whole.batch(step)["positions"])
-    print("DATA OK", flush=True)
+    say("DATA OK")
 
 
 def agreed_checkpoint(run_dir: str) -> None:
@@ -94,12 +102,12 @@ def agreed_checkpoint(run_dir: str) -> None:
     if jax.process_index() == 1:
         looked = restore.require_checkpoint(run_dir)
         restore.require_checkpoint = lambda *_: looked._replace(step=looked.step + 2)
-    print(f"AGREED STEP {restore.agreed_checkpoint(run_dir).step}", flush=True)
+    say(f"AGREED STEP {restore.agreed_checkpoint(run_dir).step}")
 
 
 def main() -> None:
     topology = distributed.initialize()
-    print(f"PID {os.getpid()} PROCESS {topology.process_id}", flush=True)
+    say(f"PID {os.getpid()} PROCESS {topology.process_id}")
     mode = sys.argv[1]
     with distributed.failures_reported():
         if mode == "steps":
@@ -121,12 +129,12 @@ def main() -> None:
             distributed.barrier("test")
         elif mode == "barrier-hang":
             if distributed.initialize().process_id == int(sys.argv[2]):
-                print("HANGING", flush=True)
+                say("HANGING")
                 time.sleep(600)
             distributed.barrier("test")
         else:
             raise SystemExit(f"unknown mode {mode}")
-    print("DONE", flush=True)
+    say("DONE")
 
 
 if __name__ == "__main__":
