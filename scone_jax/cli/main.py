@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import os
 import shlex
 import signal
@@ -88,11 +89,23 @@ def main(argv: list[str] | None = None) -> int:
 INTERRUPTED, TERMINATED = 130, Terminated.exit_code  # what a shell reports for SIGINT, SIGTERM
 
 
+def whole_lines(*streams) -> None:
+    """Write each line to its stream in one write, once it ends. Under PYTHONUNBUFFERED (which
+    launchers set so that lines reach a log at once) print() writes a line's text and its
+    newline separately, and the C++ runtime's own output to the same file (gloo's "Rank 1 is
+    connected" on stdout) can land between the two, running two lines into one."""
+    for stream in streams:
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(line_buffering=True, write_through=False)
+
+
 def entry() -> None:
-    """The `scone-jax` program. A command a signal stopped has run its clean-ups by now; a
-    single process then ends without the interpreter's teardown, which can crash (SIGSEGV)
-    when the signal came while XLA was compiling. A process of a multi-process job exits
-    normally: its watchdog's exit handler tells the peers."""
+    """The `scone-jax` program, its output written whole lines at a time (`whole_lines`). A
+    command a signal stopped has run its clean-ups by now; a single process then ends without
+    the interpreter's teardown, which can crash (SIGSEGV) when the signal came while XLA was
+    compiling. A process of a multi-process job exits normally: its watchdog's exit handler
+    tells the peers."""
+    whole_lines(sys.stdout, sys.stderr)
     code = main()
     if code in (INTERRUPTED, TERMINATED) and not distributed.joined():
         sys.stdout.flush()

@@ -1,9 +1,11 @@
 """The command line's own parsing (cli/main.py): overrides may follow options."""
 
+import io
+
 import pytest
 import yaml
 
-from scone_jax.cli.main import main
+from scone_jax.cli.main import main, whole_lines
 
 
 def test_overrides_after_an_option_are_overrides_and_anything_else_is_refused(capsys):
@@ -50,3 +52,36 @@ def test_a_finished_command_exits_normally(monkeypatch):
     with pytest.raises(SystemExit) as e:
         main_module.entry()
     assert e.value.code == 0
+
+
+class RecordedFile(io.RawIOBase):
+    """An unbuffered file that records each write it gets, as the file descriptor would."""
+
+    def __init__(self):
+        self.writes: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self.writes.append(bytes(data))
+        return len(data)
+
+
+@pytest.mark.parametrize("unbuffered", [True, False], ids=["PYTHONUNBUFFERED", "buffered"])
+def test_each_printed_line_reaches_the_file_in_one_write(unbuffered):
+    """Anything else writing to the same file (the C++ runtime) can only come between lines."""
+    raw = RecordedFile()
+    stream = (
+        io.TextIOWrapper(raw, encoding="utf-8", write_through=True)  # how -u sets up stdout
+        if unbuffered
+        else io.TextIOWrapper(io.BufferedWriter(raw), encoding="utf-8")
+    )
+    if unbuffered:
+        print("STEP 1", file=stream)
+        assert raw.writes == [b"STEP 1", b"\n"]  # what let another writer in between
+        raw.writes.clear()
+    whole_lines(stream)
+    print("STEP 2", file=stream)
+    print("a", "b", file=stream)
+    assert raw.writes == [b"STEP 2\n", b"a b\n"]  # whole, and at once: no flush was needed
