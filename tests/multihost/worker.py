@@ -25,15 +25,8 @@ import time
 
 import numpy as np
 
+from scone_jax.cli.main import whole_lines
 from scone_jax.runtime import distributed
-
-
-def say(line: str) -> None:
-    """One line in one write: under PYTHONUNBUFFERED, print() writes the text and its newline
-    separately, and the C++ runtime's own messages on stdout (gloo's "Rank 1 is connected")
-    can land between them, running the two lines into one."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
 
 
 class JaxRuntimeError(RuntimeError):
@@ -64,7 +57,7 @@ def collectives(
         if step == fail_at and others_die:
             os._exit(9)  # dies without a word, like a killed process
         assert float(total(x)) == jax.device_count()
-        say(f"STEP {step}")
+        print(f"STEP {step}", flush=True)
         time.sleep(0.05)
 
 
@@ -91,7 +84,7 @@ def data_split() -> None:
             "processes read overlapping windows"
         )
         np.testing.assert_array_equal(rows.reshape(8, -1), whole.batch(step)["positions"])
-    say("DATA OK")
+    print("DATA OK", flush=True)
 
 
 def agreed_checkpoint(run_dir: str) -> None:
@@ -102,12 +95,13 @@ def agreed_checkpoint(run_dir: str) -> None:
     if jax.process_index() == 1:
         looked = restore.require_checkpoint(run_dir)
         restore.require_checkpoint = lambda *_: looked._replace(step=looked.step + 2)
-    say(f"AGREED STEP {restore.agreed_checkpoint(run_dir).step}")
+    print(f"AGREED STEP {restore.agreed_checkpoint(run_dir).step}", flush=True)
 
 
 def main() -> None:
+    whole_lines(sys.stdout, sys.stderr)  # as `scone-jax` does: gloo writes to this stdout too
     topology = distributed.initialize()
-    say(f"PID {os.getpid()} PROCESS {topology.process_id}")
+    print(f"PID {os.getpid()} PROCESS {topology.process_id}", flush=True)
     mode = sys.argv[1]
     with distributed.failures_reported():
         if mode == "steps":
@@ -129,12 +123,12 @@ def main() -> None:
             distributed.barrier("test")
         elif mode == "barrier-hang":
             if distributed.initialize().process_id == int(sys.argv[2]):
-                say("HANGING")
+                print("HANGING", flush=True)
                 time.sleep(600)
             distributed.barrier("test")
         else:
             raise SystemExit(f"unknown mode {mode}")
-    say("DONE")
+    print("DONE", flush=True)
 
 
 if __name__ == "__main__":
