@@ -145,6 +145,9 @@ for rate in ("0.1", "0.3"):
         "tiny_llama_scone",
         [f"fgrams.embed_drop_rate={rate}"],
     )
+# suffix rows: a matched position reads the sum of F over its f-gram and its suffixes in the set
+VARIANTS["tiny_llama_scone_suffix"] = ("tiny_llama_scone", ["fgrams.suffix_rows=true"])
+VARIANTS["tiny_scone_suffix"] = ("tiny_scone", ["fgrams.suffix_rows=true"])
 # T trained by the backbone's path alone: F reads its rows without sending gradients back
 VARIANTS["tiny_llama_scone_detach"] = ("tiny_llama_scone", ["fgrams.detach_table=true"])
 # every f-gram seen twice or more

@@ -12,7 +12,9 @@ from tests.conftest import make_dataset, markov_documents
 from tests.train.helpers import tiny_overrides
 
 
-def train_scone_run(root: Path, seed: int, combine: str = "replace", steps: int = 8) -> Path:
+def train_scone_run(
+    root: Path, seed: int, combine: str = "replace", steps: int = 8, **overrides
+) -> Path:
     rng = np.random.default_rng(seed)
     dataset = make_dataset(root / "data", markov_documents(rng, 48, 60, 400), 48)
     run_dir = root / "run"
@@ -31,6 +33,7 @@ def train_scone_run(root: Path, seed: int, combine: str = "replace", steps: int 
                 "mesh.data": 2,
                 "mesh.fsdp": 2,
                 "mesh.tensor": 2,
+                **overrides,
             },
         ),
     )

@@ -147,6 +147,10 @@ class FgramConfig:
     # rest scaled by 1 / (1 - rate); a fresh draw per step; evaluation and export use them all):
     # a gentler regularizer of the f-gram path than dropping whole positions
     embed_drop_rate: float = 0.0
+    # a matched position's f-gram embedding is the sum of F over its f-gram and each of its
+    # proper suffixes in the set (of 2 tokens or more), so a long f-gram's row adds to the rows
+    # of its shorter contexts; the exported row of w is F(w) + the row of its longest suffix
+    suffix_rows: bool = False
     capacity: int = (
         0  # f-gram model node slots per data shard (whole blocks) before they grow; 0 = calibrate
     )
@@ -200,6 +204,12 @@ class FgramConfig:
             return float(text)
         except ValueError:
             return -1.0
+
+    @property
+    def index_links(self) -> int:
+        """The trailing axis of a batch's `fgram_index`: K - 1 links per position with
+        `suffix_rows` (the f-gram and its suffixes), 0 for none ([B, T])."""
+        return self.max_n - 1 if self.suffix_rows else 0
 
     def model_config(self, backbone: ModelConfig) -> ModelConfig:
         """The f-gram model's architecture, derived from the backbone's."""

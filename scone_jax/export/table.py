@@ -61,6 +61,7 @@ from scone_jax.fgrams.store import FILES as FGRAM_SET_FILES
 from scone_jax.fgrams.store import FgramSet
 from scone_jax.forest.layout import forest_layout, grow_blocks, round_up
 from scone_jax.forest.prefix import prefix_forest
+from scone_jax.forest.suffixes import suffix_chains
 from scone_jax.progress import progress_bar
 from scone_jax.runtime.distributed import barrier
 from scone_jax.sharding.batch import fgram_groups, node_shardings
@@ -69,17 +70,21 @@ from scone_jax.sharding.rules import activation_sharding, logical_to_spec
 
 def fgram_rows_fn(run: RunParams, combine: str):
     """jit: (params, node tokens [G, N, B], paths [G, N, B, K], output slots [G, O], each row's
-    output [R], last tokens [R]) -> the table rows [R] x d in float32, from G prefix forests of
-    f-grams (`group_forests`)."""
+    outputs [R, L], last tokens [R]) -> the table rows [R] x d in float32, from G prefix forests
+    of f-grams (`group_forests`). A row is the sum of its L outputs (its f-gram's, then with
+    suffix rows its suffixes', -1 past the chain's end), summed as training sums them."""
     handle, mesh, rules = run.handle, run.mesh, run.rules
 
     def rows(params, node_tokens, paths, outputs, row_outputs, last_tokens):
         with activation_sharding(mesh, rules):
             model = handle.merge(params)
             nodes = model.fgram.forest(model.backbone.table_rows(node_tokens), paths, outputs)
-            out = jnp.take(nodes.reshape(-1, nodes.shape[-1]), row_outputs, axis=0).astype(
-                jnp.float32
-            )
+            flat = nodes.reshape(-1, nodes.shape[-1])
+            out = jnp.take(flat, row_outputs[:, 0], axis=0)
+            for link in range(1, row_outputs.shape[1]):
+                more = jnp.take(flat, jnp.maximum(row_outputs[:, link], 0), axis=0)
+                out = out + jnp.where((row_outputs[:, link] >= 0)[:, None], more, 0)
+            out = out.astype(jnp.float32)
             if combine == "replace":
                 out = out - model.backbone.table_rows(last_tokens).astype(jnp.float32)
         return out
@@ -97,20 +102,30 @@ def compute_range(
     groups: int,
     block: int,
     shardings,
+    suffix_parent: np.ndarray | None = None,
 ) -> np.ndarray:
     """The rows of f-grams a..b-1, `batch_rows` at a time in lexicographic order, so that f-grams
-    sharing a prefix meet in one group's forest and the prefix is computed once there."""
+    sharing a prefix meet in one group's forest and the prefix is computed once there. With
+    `suffix_parent` (suffix rows) a row sums F over its f-gram's suffix chain, each chain's
+    f-grams computed in its row's group, wherever in the set they are."""
     tokens, lengths = np.asarray(fgram_set.tokens[a:b]), np.asarray(fgram_set.lengths[a:b])
+    all_tokens, all_lengths = np.asarray(fgram_set.tokens), np.asarray(fgram_set.lengths)
     order = np.lexsort(tokens.T[::-1])
     out = None
     for c in range(0, len(order), batch_rows):
         part = order[c : c + batch_rows]
+        ids = a + part
+        chains = (
+            ids[:, None]
+            if suffix_parent is None
+            else suffix_chains(ids, suffix_parent, fgram_set.max_n - 1)
+        )
         buffers, row_outputs = group_forests(
-            tokens[part], lengths[part], groups, -(-batch_rows // groups), block
+            all_tokens, all_lengths, chains, groups, -(-batch_rows // groups), block
         )
         last = np.zeros(batch_rows, np.int32)
         last[: len(part)] = tokens[part, lengths[part] - 1]
-        padded_outputs = np.zeros(batch_rows, np.int32)
+        padded_outputs = np.zeros((batch_rows, chains.shape[1]), np.int32)
         padded_outputs[: len(part)] = row_outputs
         rows = np.asarray(
             jax.device_get(
@@ -130,30 +145,47 @@ def compute_range(
 
 
 def group_forests(
-    tokens: np.ndarray, lengths: np.ndarray, groups: int, rows_per_group: int, block: int
+    tokens: np.ndarray,
+    lengths: np.ndarray,
+    chains: np.ndarray,
+    groups: int,
+    rows_per_group: int,
+    block: int,
 ):
     """Each group's own forest, of its `rows_per_group` consecutive rows: (node tokens, paths,
-    output slots) for the f-gram model and each row's place in the outputs. A row's blocks then
-    depend only on the rows of its group, so a process exporting with fewer groups (and as many
-    rows per group) lays every row out as the whole mesh does (the block count N, the fullest
-    group's rounded up to a granule, can still differ between process counts)."""
-    layouts = [
-        forest_layout(
-            prefix_forest(tokens[i : i + rows_per_group], lengths[i : i + rows_per_group], True),
-            1,
-            block,
-            min_outputs=round_up(rows_per_group, block),
+    output slots) for the f-gram model and each row's places in the outputs [R, L]. A row is
+    its chain of f-gram ids [L] (-1 past its end; one id without suffix rows) into the set's
+    `tokens` and `lengths`. A row's blocks then depend only on the rows of its group, so a
+    process exporting with fewer groups (and as many rows per group) lays every row out as the
+    whole mesh does (the block count N, the fullest group's rounded up to a granule, can still
+    differ between process counts)."""
+    layouts, members = [], []
+    for i in range(0, groups * rows_per_group, rows_per_group):
+        group = chains[i : i + rows_per_group]
+        ids, first = np.unique(group[group >= 0].astype(np.int64), return_index=True)
+        in_order = ids[np.argsort(first)]  # the rows' order, each suffix after its first row
+        rank = np.empty(len(ids), np.int64)
+        rank[np.argsort(first)] = np.arange(len(ids))
+        members.append((ids, rank))
+        layouts.append(
+            forest_layout(
+                prefix_forest(tokens[in_order], lengths[in_order], True),
+                1,
+                block,
+                min_outputs=round_up(rows_per_group * chains.shape[1], block),
+            )
         )
-        for i in range(0, groups * rows_per_group, rows_per_group)
-    ]
     granule = max(rows_per_group // (4 * block), 1)  # few distinct shapes: few compiles
     blocks = round_up(max(layout.tokens.shape[1] for layout in layouts), granule)
     grown = [grow_blocks(layout.tokens, layout.paths, blocks) for layout in layouts]
     node_tokens, paths = (np.concatenate(parts) for parts in zip(*grown, strict=True))
     outputs = np.concatenate([layout.outputs for layout in layouts])
-    row_outputs = np.concatenate(
-        [layout.output + g * outputs.shape[1] for g, layout in enumerate(layouts)]
-    )
+    row_outputs = np.full(chains.shape, -1, np.int32)
+    for g, (layout, (ids, rank)) in enumerate(zip(layouts, members, strict=True)):
+        group = chains[g * rows_per_group : (g + 1) * rows_per_group]
+        member = rank[np.minimum(np.searchsorted(ids, np.maximum(group, 0)), len(ids) - 1)]
+        place = layout.output[member] + g * outputs.shape[1]
+        row_outputs[g * rows_per_group : (g + 1) * rows_per_group] = np.where(group >= 0, place, -1)
     return (node_tokens, paths, outputs), row_outputs
 
 
@@ -371,6 +403,7 @@ def export_table(
         "dtype": dtype,
         "max_n": fgram_set.max_n,
         "combine": run.cfg.fgrams.combine,
+        "suffix_rows": run.cfg.fgrams.suffix_rows,
         "tokenizer_sha256": run.info["tokenizer_sha256"],
         "fgram_set_fingerprint": fgram_set.fingerprint,
         "checkpoint_fingerprint": run.fingerprint,
@@ -394,14 +427,16 @@ def export_table(
             work, num_rows, width, dtype, chunk_rows, shard_rows
         )  # or opens them
         rows_sharding = NamedSharding(run.mesh, logical_to_spec(("fgram/batch",), run.rules))
+        links_sharding = NamedSharding(run.mesh, logical_to_spec(("fgram/batch", None), run.rules))
         nodes_sharding = node_shardings(run.mesh, run.rules)
         shardings = (
             nodes_sharding["fgram_nodes"],
             nodes_sharding["fgram_paths"],
             nodes_sharding["fgram_outputs"],
-            rows_sharding,
+            links_sharding,
             rows_sharding,
         )
+        suffix_parent = fgram_set.backoff_ids() if run.cfg.fgrams.suffix_rows else None
         groups = fgram_groups(run.mesh, run.rules)
         fn = fgram_rows_fn(run, run.cfg.fgrams.combine)
         start = time.perf_counter()
@@ -424,6 +459,7 @@ def export_table(
                 groups,
                 run.cfg.fgrams.block_size,
                 shardings,
+                suffix_parent,
             ),
             arrays,
             dtype,

@@ -21,6 +21,7 @@ import numpy as np
 from scone_jax.forest.batch import ForestBatch
 from scone_jax.forest.layout import forest_layout, round_up
 from scone_jax.forest.prefix import PrefixForest, prefix_forest
+from scone_jax.forest.suffixes import suffix_chains
 
 
 @dataclass
@@ -40,6 +41,9 @@ class FgramBatcher:
     # [S] the length of that f-gram (0 = none); by default read from `fgram_lengths`, which a
     # permuted control's rows do not match
     backoff_lengths: np.ndarray | None = None
+    # [S] with fgrams.suffix_rows: each f-gram's longest proper suffix in the set (-1 = none);
+    # a matched position then reads F of its f-gram and of every f-gram down that chain
+    suffix_parent: np.ndarray | None = None
 
     def __post_init__(self):
         if self.backoff_ids is not None and self.backoff_lengths is None:
@@ -50,6 +54,13 @@ class FgramBatcher:
     @property
     def max_n(self) -> int:
         return self.fgram_tokens.shape[1]
+
+    def chains(self, ids: np.ndarray) -> np.ndarray:
+        """Each position's f-gram ids: [B, T] as given, or with `suffix_parent` [B, T, K - 1],
+        its f-gram followed by its suffixes in the set, longest first (-1 past the chain's end)."""
+        if self.suffix_parent is None:
+            return ids
+        return suffix_chains(ids, self.suffix_parent, self.max_n - 1)
 
     def forest(self, ids: np.ndarray) -> tuple[PrefixForest, np.ndarray, np.ndarray]:
         """The batch's forest, its rows (f-gram ids), and each matched position's row."""
@@ -68,7 +79,9 @@ class FgramBatcher:
         headroom); a capacity already set (`fgrams.capacity`) is kept."""
         layouts = [
             forest_layout(
-                self.forest(np.asarray(self.tag_ids[b["positions"]]))[0], self.groups, self.block
+                self.forest(self.chains(np.asarray(self.tag_ids[b["positions"]])))[0],
+                self.groups,
+                self.block,
             )
             for b in batches
         ]
@@ -96,21 +109,20 @@ class FgramBatcher:
                 ids = np.where(dropped, self.backoff_ids[tags], ids)
                 lengths = np.where(dropped, self.backoff_lengths[tags], lengths)
         matched = ids >= 0
-        forest, rows, row_of_position = self.forest(ids)
+        links = self.chains(ids)
+        forest, rows, row_of_position = self.forest(links)
         layout = forest_layout(
             forest, self.groups, self.block, self.granule, self.capacity, self.output_capacity
         )
-        index = np.full(ids.shape, -1, np.int32)
-        index[matched] = layout.output[row_of_position]
+        index = np.full(links.shape, -1, np.int32)
+        index[links >= 0] = layout.output[row_of_position]
         n_matched = int(matched.sum())
         out = dict(batch)
         out["forest"] = ForestBatch(index, layout.tokens, layout.paths, layout.outputs)
         out["fgram_ids"] = ids.astype(np.int32)  # host-side only: what serving looks up
         out["fgram_stats"] = {
             "match_rate": n_matched / ids.size,
-            "distinct_ratio": (len(rows) if self.dedup else len(np.unique(rows))) / n_matched
-            if n_matched
-            else 0.0,
+            "distinct_ratio": len(np.unique(ids[matched])) / n_matched if n_matched else 0.0,
             "mean_match_length": float(lengths[matched].mean()) if n_matched else 0.0,
             "fgram_nodes": len(forest.tokens),
             "fgram_positions": int(layout.tokens.size),

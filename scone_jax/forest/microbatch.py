@@ -41,7 +41,9 @@ class MicrobatchForests:
         blocks = max(p["forest"].nodes.shape[1] for p in parts)
         outputs = max(p["forest"].outputs.shape[1] for p in parts)
         forests = [p["forest"].padded(blocks, outputs) for p in parts]
-        index = np.empty(batch["positions"].shape, np.int32)
+        index = np.empty(  # [B, T], or [B, T, links] with suffix rows
+            batch["positions"].shape + forests[0].index.shape[2:], np.int32
+        )
         ids = np.empty(batch["positions"].shape, np.int32)
         for m, (part, forest) in enumerate(zip(parts, forests)):
             index[m :: self.microbatches] = forest.index

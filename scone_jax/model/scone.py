@@ -2,9 +2,11 @@
 
 The f-gram model runs once per node of the batch's prefix forest (`fgram_nodes` tokens,
 `fgram_paths`; see scone_jax/forest/) and each position takes the output (`fgram_outputs`) that
-`fgram_index` points at (-1 = no match). The gather's transpose sums the gradients of every position
-sharing a node. With deduplication each distinct prefix is one node; without it every matched
-position has its own chain. Both give the same loss and gradients.
+`fgram_index` points at (-1 = no match); with `fgrams.suffix_rows` it points at K - 1 outputs
+per position, the f-gram's and its suffixes' in the set, and the position takes their sum.
+The gather's transpose sums the gradients of every position sharing a node. With deduplication
+each distinct prefix is one node; without it every matched position has its own chain. Both give
+the same loss and gradients.
 """
 
 from __future__ import annotations
@@ -43,10 +45,16 @@ class SconeModel(nnx.Module):
             rows_in = jax.lax.stop_gradient(rows_in)
         outputs = self.fgram.forest(rows_in, fgram_paths, fgram_outputs).astype(x.dtype)
         rows = outputs.reshape(-1, outputs.shape[-1])
-        matched = (fgram_index >= 0)[..., None]
-        gathered = constrain(
-            jnp.take(rows, jnp.maximum(fgram_index, 0), axis=0), ("batch", "seq", "embed")
-        )
+        # [B, T] or, with fgrams.suffix_rows, [B, T, K - 1]: the f-gram, then its suffixes
+        links = fgram_index if fgram_index.ndim == 3 else fgram_index[..., None]
+        matched = (links[..., 0] >= 0)[..., None]
+        gathered = jnp.take(rows, jnp.maximum(links[..., 0], 0), axis=0)
+        for link in range(1, links.shape[-1]):
+            more = jnp.take(rows, jnp.maximum(links[..., link], 0), axis=0)
+            gathered = gathered + jnp.where(
+                (links[..., link] >= 0)[..., None], more, jnp.zeros_like(more)
+            )
+        gathered = constrain(gathered, ("batch", "seq", "embed"))
         if dropout_key is not None and self.embed_drop_rate:
             keep = jax.random.bernoulli(dropout_key, 1.0 - self.embed_drop_rate, gathered.shape)
             scaled = gathered / jnp.asarray(1.0 - self.embed_drop_rate, gathered.dtype)

@@ -20,12 +20,17 @@ def batch_shardings(
     seq_len: int,
     max_n: int | None = None,
     microbatches: int = 1,
+    index_links: int = 0,
 ):
-    """Shardings of a batch; SCONE batches (`max_n` set) also carry `fgram_index` and the
-    prefix forest's node buffers (scone_jax/forest/), one group per f-gram data shard."""
+    """Shardings of a batch; SCONE batches (`max_n` set) also carry `fgram_index` ([B, T], or
+    [B, T, `index_links`] with suffix rows) and the prefix forest's node buffers
+    (scone_jax/forest/), one group per f-gram data shard."""
     out = {k: named_sharding(v, (batch_size, seq_len), mesh, rules) for k, v in BATCH_AXES.items()}
     if max_n:
-        out["fgram_index"] = named_sharding(("batch", "seq"), (batch_size, seq_len), mesh, rules)
+        links = (index_links,) if index_links else ()
+        out["fgram_index"] = named_sharding(
+            ("batch", "seq", *(None for _ in links)), (batch_size, seq_len, *links), mesh, rules
+        )
         out.update(node_shardings(mesh, rules, microbatches))
     return out
 

@@ -209,6 +209,7 @@ def prepare_fgram_inputs(
         process_count=process_count,
         barrier=barrier,
     )
+    backoffs = fgram_set.backoff_ids() if cfg.drop_to == "suffix" or cfg.suffix_rows else None
     granule = max(positions_per_host // (32 * groups * cfg.block_size * microbatches), 1)
     batcher = FgramBatcher(
         ids,
@@ -220,7 +221,8 @@ def prepare_fgram_inputs(
         dedup=cfg.dedup,
         groups=groups,
         capacity=round_up(-(-cfg.capacity // cfg.block_size), granule),
-        backoff_ids=fgram_set.backoff_ids() if cfg.drop_to == "suffix" else None,
+        backoff_ids=backoffs if cfg.drop_to == "suffix" else None,
+        suffix_parent=backoffs if cfg.suffix_rows else None,
     )
     if cfg.permute_rows:
         # the control: f-gram w is embedded as the f-gram a fixed permutation gives it (after
@@ -228,6 +230,11 @@ def prepare_fgram_inputs(
         order = np.random.default_rng(PERMUTE_ROWS_SEED).permutation(len(fgram_set.lengths))
         batcher.fgram_tokens = np.asarray(fgram_set.tokens)[order]
         batcher.fgram_lengths = np.asarray(fgram_set.lengths)[order]
+        if cfg.suffix_rows:  # the suffixes of the f-gram w is embedded as, in the same ids
+            embedded_as = np.empty_like(order)
+            embedded_as[order] = np.arange(len(order))
+            parent = backoffs[order]
+            batcher.suffix_parent = np.where(parent >= 0, embedded_as[np.maximum(parent, 0)], -1)
     return FgramInputs(
         fgram_set=fgram_set,
         batcher=batcher,

@@ -5,7 +5,10 @@ of the model is allocated, and read back from XLA's memory and cost analyses.
 A SCONE step's prefix-forest buffers need sizes before any data exists: `fgrams.capacity` node
 slots per data shard when set, else an estimate per token of the shard's microbatch rows
 (`NODE_SLOTS_PER_TOKEN`, `OUTPUT_SLOTS_PER_TOKEN`, measured on WikiText-2 batches at K = 5 and
-S = 20K: 0.84 node slots and 0.59 outputs per token), rounded up to whole blocks.
+S = 20K: 0.84 node slots and 0.59 outputs per token; with `fgrams.suffix_rows`, whose forests
+also hold every matched f-gram's suffixes, `SUFFIX_ROWS_*`, measured on WikiText-2's valid split
+at K = 5 and S = 64K: up to 1.72 node slots and 1.41 outputs per token), rounded up to whole
+blocks.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from scone_jax.train.step import make_train_step
 
 NODE_SLOTS_PER_TOKEN = 1.0
 OUTPUT_SLOTS_PER_TOKEN = 0.75
+SUFFIX_ROWS_NODE_SLOTS_PER_TOKEN = 1.8
+SUFFIX_ROWS_OUTPUT_SLOTS_PER_TOKEN = 1.5
 GIB = 1 << 30
 FOREST_KEYS = ("fgram_nodes", "fgram_paths", "fgram_outputs")
 
@@ -40,9 +45,14 @@ def forest_shapes(cfg: Config, groups: int) -> dict[str, tuple[int, ...]]:
     """Shapes of the SCONE batch's forest buffers for this config (see the module docstring)."""
     fg, micro = cfg.fgrams, cfg.train.microbatches
     positions = cfg.train.batch_size // micro * cfg.data.seq_len / groups
-    slots = fg.capacity or NODE_SLOTS_PER_TOKEN * positions
+    node_slots, output_slots = (
+        (SUFFIX_ROWS_NODE_SLOTS_PER_TOKEN, SUFFIX_ROWS_OUTPUT_SLOTS_PER_TOKEN)
+        if fg.suffix_rows
+        else (NODE_SLOTS_PER_TOKEN, OUTPUT_SLOTS_PER_TOKEN)
+    )
+    slots = fg.capacity or node_slots * positions
     blocks = max(math.ceil(slots / fg.block_size), 1)
-    outputs = round_up(max(math.ceil(OUTPUT_SLOTS_PER_TOKEN * positions), 1), fg.block_size)
+    outputs = round_up(max(math.ceil(output_slots * positions), 1), fg.block_size)
     lead = (micro,) if micro > 1 else ()
     return {
         "fgram_nodes": (*lead, groups, blocks, fg.block_size),
@@ -62,9 +72,17 @@ def plan_train_step(cfg: Config, devices: Sequence[jax.Device], device_memory_gi
     batch, seq = cfg.train.batch_size, cfg.data.seq_len
     scone = cfg.fgrams.enabled
     shardings = batch_shardings(
-        mesh, rules, batch, seq, cfg.fgrams.max_n if scone else None, cfg.train.microbatches
+        mesh,
+        rules,
+        batch,
+        seq,
+        cfg.fgrams.max_n if scone else None,
+        cfg.train.microbatches,
+        cfg.fgrams.index_links,
     )
-    shapes = {key: (batch, seq) for key in ("inputs", "targets", "fgram_index")}
+    shapes = {key: (batch, seq) for key in ("inputs", "targets")}
+    links = cfg.fgrams.index_links
+    shapes["fgram_index"] = (batch, seq, *((links,) if links else ()))
     if scone:
         shapes.update(forest_shapes(cfg, fgram_groups(mesh, rules)))
     abstract_batch = {

@@ -394,6 +394,7 @@ def open_session(
             cfg.data.seq_len,
             cfg.fgrams.max_n if cfg.fgrams.enabled else None,
             cfg.train.microbatches,
+            cfg.fgrams.index_links,
         ),
         train_stream=stream,
         eval_sets=eval_sets,

@@ -9,11 +9,13 @@ import pytest
 
 from scone_jax.artifacts.restore import load_run_params
 from scone_jax.errors import UserError
+from scone_jax.evaluation.run import evaluate_run
 from scone_jax.export.table import export_table
 from scone_jax.fgrams.store import FgramSet
 from scone_jax.serve.tables import open_table
 from scone_jax.sharding.mesh import make_mesh
 from tests.model.reference import fgram_alone
+from tests.model.test_scone import brute_suffix_parent
 from tests.reliability.faults import faulty_cli, finish, wait_for_hang
 from tests.scone_run import train_scone_run
 from tests.train.helpers import cli_run
@@ -49,6 +51,32 @@ def test_float32_table_equals_the_fgram_model(run):
     assert meta["num_rows"] == fs.num_fgrams > 100 and got.shape == expected.shape
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
     assert not (root / "t32.partial").exists()
+
+
+def test_a_suffix_rows_table_sums_each_fgrams_suffixes_and_scores_like_the_live_model(tmp_path):
+    """fgrams.suffix_rows: row(w) = F(w) + F of each suffix of w in the set - T(last token),
+    against F run on each f-gram alone over suffix chains found by brute force; and the table
+    scores held-out text as the live model does."""
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    print(f"seed {seed}")
+    run_dir = train_scone_run(tmp_path, seed=seed, **{"fgrams.suffix_rows": "true"})
+    export_table(run_dir, str(tmp_path / "table"), progress=False, range_rows=700, batch_rows=256)
+    own, fs = live_rows(run_dir)
+    parent = brute_suffix_parent(np.asarray(fs.tokens), np.asarray(fs.lengths))
+    last = np.asarray(fs.tokens)[np.arange(fs.num_fgrams), np.asarray(fs.lengths) - 1]
+    table_rows = np.asarray(load_run_params(run_dir).model().backbone.embed_table[...])[last]
+    alone = own + table_rows  # F(w) itself
+    expected, link, suffixes = own.copy(), parent.copy(), 0
+    while (link >= 0).any():
+        expected += np.where((link >= 0)[:, None], alone[np.maximum(link, 0)], 0)
+        suffixes += int((link >= 0).sum())
+        link = np.where(link >= 0, parent[np.maximum(link, 0)], -1)
+    assert suffixes > fs.num_fgrams // 2  # most rows have a suffix in the set
+    got = open_table(str(tmp_path / "table"), "host").gather(np.arange(fs.num_fgrams))
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    live = evaluate_run(run_dir)["results"]["heldout"]["perplexity"]
+    scored = evaluate_run(run_dir, table=str(tmp_path / "table"))["results"]["heldout"]
+    assert abs(scored["perplexity"] - live) / live < 1e-4
 
 
 def test_a_batch_larger_than_the_table_is_the_whole_table_at_once(run):

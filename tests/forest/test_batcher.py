@@ -2,6 +2,7 @@
 reaching back before the window start but never into the previous document."""
 
 import numpy as np
+import pytest
 
 from scone_jax.config import FgramConfig
 from scone_jax.data.pipeline import BatchStream, WindowSource, split_documents
@@ -45,3 +46,59 @@ def test_batches_carry_each_positions_longest_match_within_its_document(tmp_path
             )
             assert doc_of[p - n + 1] == doc_of[p]  # all of it inside this position's document
     assert reached_back > 0 and crossed_a_document > 0
+
+
+def spelled(forest, output: int) -> tuple[int, ...]:
+    """The f-gram the node behind flat output slot `output` spells, read from the buffers."""
+    per_group = forest.outputs.shape[-1]
+    group, slot = divmod(output, per_group)
+    node = int(forest.outputs[group, slot])
+    block, within = divmod(node, forest.nodes.shape[-1])
+    path = forest.paths[group, block, within]
+    return tuple(int(t) for t in forest.nodes[group, block, path[path >= 0]])
+
+
+@pytest.mark.parametrize("permute", [False, True])
+def test_suffix_rows_point_at_each_fgram_and_its_suffixes_in_the_set(permute, tmp_path, rng):
+    """With fgrams.suffix_rows every matched position points at K - 1 outputs: the f-gram it is
+    embedded as, then each proper suffix of that f-gram in the set (2 tokens or more), longest
+    first, then nothing; found here by brute force over the set's f-grams (and under the
+    permuted control, the suffixes of the f-gram a position is embedded as)."""
+    vocab, seq_len, k = 10, 8, 5
+    docs = markov_documents(rng, vocab, 40, 14, branching=2)
+    dataset = make_dataset(tmp_path / "data", docs, vocab)
+    cfg = FgramConfig(
+        enabled=True, max_n=k, num_fgrams=300, min_count=2, suffix_rows=True, permute_rows=permute
+    )
+    train_ids, _ = split_documents(dataset.num_docs, 0.0, 0)
+    inputs = prepare_fgram_inputs(
+        cfg, dataset, train_ids, tmp_path / "run", 4 * seq_len, groups=2, progress=False
+    )
+    batcher = inputs.batcher
+    embedded_as = [
+        tuple(int(t) for t in tokens[:n])
+        for tokens, n in zip(batcher.fgram_tokens, batcher.fgram_lengths, strict=True)
+    ]
+    in_set = set(embedded_as)
+    stream = BatchStream(
+        WindowSource(dataset, train_ids, seq_len),
+        4,
+        seed=int(rng.integers(1 << 30)),
+        transform=batcher,
+    )
+    chains_longer_than_one = 0
+    for step in range(6):
+        batch = stream.batch(step)
+        index, ids = batch["forest"].index, batch["fgram_ids"]
+        assert index.shape == (*ids.shape, k - 1)
+        for row, t in np.ndindex(*ids.shape):
+            if ids[row, t] < 0:
+                assert (index[row, t] == -1).all()
+                continue
+            fgram = embedded_as[ids[row, t]]
+            want = [fgram] + [fgram[j:] for j in range(1, len(fgram) - 1) if fgram[j:] in in_set]
+            links = index[row, t][index[row, t] >= 0]
+            assert (index[row, t, len(links) :] == -1).all()  # the chain, then nothing
+            assert [spelled(batch["forest"], int(o)) for o in links] == want
+            chains_longer_than_one += len(want) > 1
+    assert chains_longer_than_one > 0

@@ -167,3 +167,54 @@ def test_fgram_embedding_does_not_depend_on_the_window(rng):
             rtol=1e-5,
             atol=1e-6,
         )
+
+
+def brute_suffix_parent(set_tokens, set_lengths) -> np.ndarray:
+    """Each f-gram's longest proper suffix of 2 tokens or more among the set's f-grams (-1 none),
+    by comparing token tuples."""
+    spelled = [tuple(t[:n]) for t, n in zip(set_tokens.tolist(), set_lengths.tolist())]
+    where = {fgram: i for i, fgram in enumerate(spelled)}
+    return np.array(
+        [next((where[f[j:]] for j in range(1, len(f) - 1) if f[j:] in where), -1) for f in spelled]
+    )
+
+
+@pytest.mark.parametrize("family, combine", [("gpt2", "add"), ("llama", "replace")])
+def test_suffix_rows_sum_the_fgram_model_over_each_suffix_in_the_set(family, combine, rng):
+    """fgrams.suffix_rows: a matched position's f-gram embedding is F(w) plus F of each of w's
+    suffixes in the set, checked against F run on each f-gram alone; with and without dedup,
+    which also agree on every gradient."""
+    seed = int(rng.integers(1 << 30))
+    print(f"seed {seed}")
+    fcfg = FgramConfig(enabled=True, max_n=K, combine=combine, suffix_rows=True)
+    model = SconeModel(BACKBONE[family], fcfg, VOCAB, rngs=nnx.Rngs(seed))
+    set_tokens, set_lengths = random_fgram_set(rng, 40, vocab=3)  # many suffixes in the set
+    parent = brute_suffix_parent(set_tokens, set_lengths)
+    batch, tag_ids, tag_lengths = random_batch(rng, 3, 400, 40)
+    sizes = dict(block=8, groups=2, suffix_parent=parent)
+    alone = np.asarray(
+        fgram_alone(model, jnp.asarray(set_tokens, jnp.int32), jnp.asarray(set_lengths, jnp.int32))
+    )
+    tokens = np.asarray(model.backbone.embed(jnp.asarray(batch["inputs"])))
+    want = tokens.copy()
+    longer_chains = 0
+    for row, t in zip(*np.nonzero(tag_ids[batch["positions"]] >= 0)):
+        link, total, chain = int(tag_ids[batch["positions"][row, t]]), 0.0, 0
+        while link >= 0:
+            total, link, chain = total + alone[link], int(parent[link]), chain + 1
+        want[row, t] = total if combine == "replace" else tokens[row, t] + total
+        longer_chains += chain > 1
+    assert longer_chains > 10
+    results = []
+    for dedup in (True, False):
+        out = FgramBatcher(tag_ids, tag_lengths, set_tokens, set_lengths, dedup=dedup, **sizes)(
+            batch
+        )
+        arrays = jax.tree.map(jnp.asarray, out["forest"].arrays())
+        got = model.input_embeddings(jnp.asarray(batch["inputs"]), **arrays)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+        results.append(loss_and_grads(model, out))
+    (la, ga), (lb, gb) = results
+    np.testing.assert_allclose(la, lb, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

@@ -37,11 +37,15 @@ def assert_params_close(a, b, rtol, atol, stray=0.0, stray_atol=0.0):
         np.testing.assert_allclose(x, y, rtol=0, atol=max(atol, stray_atol) + rtol * abs(y).max())
 
 
-@pytest.mark.parametrize("scone, microbatches", [(False, 4), (True, 2)])
+@pytest.mark.parametrize(
+    "scone, microbatches, suffix_rows", [(False, 4, False), (True, 2, False), (True, 2, True)]
+)
 def test_microbatches_give_the_whole_batchs_losses_and_parameters(
-    scone, microbatches, markov_dataset, tmp_path
+    scone, microbatches, suffix_rows, markov_dataset, tmp_path
 ):
     extra = SCONE_OVERRIDES if scone else {}
+    if suffix_rows:  # a [B, T, K - 1] index, split by rows like the rest
+        extra = {**extra, "fgrams.suffix_rows": "true"}
     whole_losses, whole = run(markov_dataset.path, tmp_path / "whole", **extra)
     micro_losses, micro = run(
         markov_dataset.path, tmp_path / "micro", **extra, **{"train.microbatches": microbatches}

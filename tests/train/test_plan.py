@@ -50,6 +50,11 @@ def test_a_scone_plan_sizes_the_forest_per_microbatch_and_counts_both_models():
         assert 0.9 < p["flops_per_step"] / p["flops_per_step_counted"] < 4
     peak = whole["per_device_bytes"]
     assert peak["peak"] >= peak["temp"] and whole["fits"]
+    # suffix rows: a [B, T, K - 1] index, and forests that also hold the matches' suffixes
+    suffix = plan("fgrams.suffix_rows=true", preset="tiny_scone")
+    for key in ("fgram_nodes", "fgram_outputs"):
+        assert suffix["forest_shapes"][key] > whole["forest_shapes"][key], key
+    assert suffix["flops_per_step_counted"] > whole["flops_per_step_counted"]
 
 
 @pytest.mark.parametrize(

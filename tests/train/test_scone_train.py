@@ -25,21 +25,26 @@ def scone_overrides(dataset, run_dir, steps, **extra):
 
 
 @pytest.mark.parametrize(
-    "combine, noise, fgram_rules",
-    [  # the second with embedding dropout (its draws must not depend on the mesh) and its own
-        # layout for the f-gram model
-        ("replace", 0.0, {}),
+    "combine, noise, suffix_rows, fgram_rules",
+    [  # the second with embedding dropout (its draws must not depend on the mesh), suffix rows
+        # (a [B, T, K - 1] index) and its own layout for the f-gram model
+        ("replace", 0.0, False, {}),
         (
             "gated",
             0.2,
+            True,
             {"mesh.rules": "{fgram/mlp: null, fgram/heads: null, fgram/embed: [fsdp, data]}"},
         ),
     ],
 )
 def test_one_device_equals_eight_and_the_modes_train(
-    markov_dataset, tmp_path, combine, noise, fgram_rules
+    markov_dataset, tmp_path, combine, noise, suffix_rows, fgram_rules
 ):
-    mode = {"fgrams.combine": combine, "fgrams.embed_drop_rate": noise}
+    mode = {
+        "fgrams.combine": combine,
+        "fgrams.embed_drop_rate": noise,
+        "fgrams.suffix_rows": str(suffix_rows).lower(),
+    }
     one = cli_run(
         ["train", "tiny", *scone_overrides(markov_dataset.path, tmp_path / "one", 16, **mode)],
         devices=1,
