@@ -145,9 +145,6 @@ for rate in ("0.1", "0.3"):
         "tiny_llama_scone",
         [f"fgrams.embed_drop_rate={rate}"],
     )
-# suffix rows: a matched position reads the sum of F over its f-gram and its suffixes in the set
-VARIANTS["tiny_llama_scone_suffix"] = ("tiny_llama_scone", ["fgrams.suffix_rows=true"])
-VARIANTS["tiny_scone_suffix"] = ("tiny_scone", ["fgrams.suffix_rows=true"])
 # T trained by the backbone's path alone: F reads its rows without sending gradients back
 VARIANTS["tiny_llama_scone_detach"] = ("tiny_llama_scone", ["fgrams.detach_table=true"])
 # every f-gram seen twice or more
@@ -172,6 +169,19 @@ for tag, (key, values) in BOTH_MODELS.items():
     for value in values:
         for name in ("tiny_llama", "tiny_llama_scone"):
             VARIANTS[f"{name}_{tag}{value}"] = (name, [f"{key}={value}"])
+# suffix rows: a matched position reads the sum of F over its f-gram and its suffixes in the
+# set; the llama preset since 2026-12-07 (docs/fidelity.md section 16), with its control
+VARIANTS["tiny_llama_scone_suffix"] = ("tiny_llama_scone", ["fgrams.suffix_rows=true"])
+VARIANTS["tiny_llama_scone_suffix_shuffled"] = (
+    "tiny_llama_scone",
+    ["fgrams.suffix_rows=true", "fgrams.permute_rows=true"],
+)
+VARIANTS["tiny_scone_suffix"] = ("tiny_scone", ["fgrams.suffix_rows=true"])
+# every other llama SCONE variant was measured before the preset took suffix rows: each keeps
+# them off, so it reruns as recorded (`tiny_llama_scone` is the preset as it was until then)
+for name, (preset, overrides) in list(VARIANTS.items()):
+    if preset == "tiny_llama_scone" and not name.startswith("tiny_llama_scone_suffix"):
+        VARIANTS[name] = (preset, ["fgrams.suffix_rows=false", *overrides])
 # a variant ending in one of these is paired with its family's baseline of the same recipe
 RECIPE_SUFFIXES = (
     "_warmup20",
@@ -480,7 +490,8 @@ def report(args) -> None:
 # the proof's corpora (docs/fidelity.md, "At a glance"): the quarter corpora and the picking
 # split wikitext_valid are diagnoses, not proof
 PROOF_CORPORA = ("embedded", "wikitext", "shakespeare", "libdocs", "vimdocs", "pynews")
-SHIPPED = {"gpt2": ("tiny", "tiny_scone"), "llama": ("tiny_llama", "tiny_llama_scone")}
+# the shipped presets' variants: llama's preset has suffix rows since 2026-12-07
+SHIPPED = {"gpt2": ("tiny", "tiny_scone"), "llama": ("tiny_llama", "tiny_llama_scone_suffix")}
 
 
 def preset_table(summary: list[dict]) -> str:
