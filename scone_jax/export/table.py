@@ -62,6 +62,7 @@ from scone_jax.fgrams.store import FgramSet
 from scone_jax.forest.layout import forest_layout, grow_blocks, round_up
 from scone_jax.forest.prefix import prefix_forest
 from scone_jax.forest.suffixes import suffix_chains
+from scone_jax.model.scone import sum_of_links
 from scone_jax.progress import progress_bar
 from scone_jax.runtime.distributed import barrier
 from scone_jax.sharding.batch import fgram_groups, node_shardings
@@ -79,12 +80,7 @@ def fgram_rows_fn(run: RunParams, combine: str):
         with activation_sharding(mesh, rules):
             model = handle.merge(params)
             nodes = model.fgram.forest(model.backbone.table_rows(node_tokens), paths, outputs)
-            flat = nodes.reshape(-1, nodes.shape[-1])
-            out = jnp.take(flat, row_outputs[:, 0], axis=0)
-            for link in range(1, row_outputs.shape[1]):
-                more = jnp.take(flat, jnp.maximum(row_outputs[:, link], 0), axis=0)
-                out = out + jnp.where((row_outputs[:, link] >= 0)[:, None], more, 0)
-            out = out.astype(jnp.float32)
+            out = sum_of_links(nodes.reshape(-1, nodes.shape[-1]), row_outputs).astype(jnp.float32)
             if combine == "replace":
                 out = out - model.backbone.table_rows(last_tokens).astype(jnp.float32)
         return out

@@ -122,7 +122,12 @@ class FgramBatcher:
         out["fgram_ids"] = ids.astype(np.int32)  # host-side only: what serving looks up
         out["fgram_stats"] = {
             "match_rate": n_matched / ids.size,
-            "distinct_ratio": len(np.unique(ids[matched])) / n_matched if n_matched else 0.0,
+            "distinct_ratio": (  # the forest's rows are the distinct matches, without suffixes
+                len(rows) if self.dedup and links is ids else len(np.unique(ids[matched]))
+            )
+            / n_matched
+            if n_matched
+            else 0.0,
             "mean_match_length": float(lengths[matched].mean()) if n_matched else 0.0,
             "fgram_nodes": len(forest.tokens),
             "fgram_positions": int(layout.tokens.size),

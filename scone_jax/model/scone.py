@@ -21,6 +21,18 @@ from scone_jax.model.transformer import Transformer
 from scone_jax.sharding.rules import constrain
 
 
+def sum_of_links(rows: jax.Array, links: jax.Array) -> jax.Array:
+    """rows [R, d], links [..., L] of row indices -> [..., d]: the sum of each position's rows
+    (its f-gram's, then with suffix rows its suffixes'; -1 past a chain's end). Training and
+    the export both sum this way. The first link is taken as is (clamped at 0: the caller
+    masks a position without a match)."""
+    total = jnp.take(rows, jnp.maximum(links[..., 0], 0), axis=0)
+    for link in range(1, links.shape[-1]):
+        more = jnp.take(rows, jnp.maximum(links[..., link], 0), axis=0)
+        total = total + jnp.where((links[..., link] >= 0)[..., None], more, jnp.zeros_like(more))
+    return total
+
+
 class SconeModel(nnx.Module):
     def __init__(
         self, cfg: ModelConfig, fgram_cfg: FgramConfig, vocab_size: int, *, rngs: nnx.Rngs
@@ -48,13 +60,7 @@ class SconeModel(nnx.Module):
         # [B, T] or, with fgrams.suffix_rows, [B, T, K - 1]: the f-gram, then its suffixes
         links = fgram_index if fgram_index.ndim == 3 else fgram_index[..., None]
         matched = (links[..., 0] >= 0)[..., None]
-        gathered = jnp.take(rows, jnp.maximum(links[..., 0], 0), axis=0)
-        for link in range(1, links.shape[-1]):
-            more = jnp.take(rows, jnp.maximum(links[..., link], 0), axis=0)
-            gathered = gathered + jnp.where(
-                (links[..., link] >= 0)[..., None], more, jnp.zeros_like(more)
-            )
-        gathered = constrain(gathered, ("batch", "seq", "embed"))
+        gathered = constrain(sum_of_links(rows, links), ("batch", "seq", "embed"))
         if dropout_key is not None and self.embed_drop_rate:
             keep = jax.random.bernoulli(dropout_key, 1.0 - self.embed_drop_rate, gathered.shape)
             scaled = gathered / jnp.asarray(1.0 - self.embed_drop_rate, gathered.dtype)
