@@ -117,17 +117,15 @@ class FgramBatcher:
         index = np.full(links.shape, -1, np.int32)
         index[links >= 0] = layout.output[row_of_position]
         n_matched = int(matched.sum())
+        # without suffix rows the deduplicated forest's rows are the distinct matches: no np.unique
+        plain_rows = self.dedup and self.suffix_parent is None
+        distinct = len(rows) if plain_rows else len(np.unique(ids[matched]))
         out = dict(batch)
         out["forest"] = ForestBatch(index, layout.tokens, layout.paths, layout.outputs)
         out["fgram_ids"] = ids.astype(np.int32)  # host-side only: what serving looks up
         out["fgram_stats"] = {
             "match_rate": n_matched / ids.size,
-            "distinct_ratio": (  # the forest's rows are the distinct matches, without suffixes
-                len(rows) if self.dedup and links is ids else len(np.unique(ids[matched]))
-            )
-            / n_matched
-            if n_matched
-            else 0.0,
+            "distinct_ratio": distinct / n_matched if n_matched else 0.0,
             "mean_match_length": float(lengths[matched].mean()) if n_matched else 0.0,
             "fgram_nodes": len(forest.tokens),
             "fgram_positions": int(layout.tokens.size),
